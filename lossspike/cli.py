@@ -1,0 +1,201 @@
+"""The `lossspike` command line: evaluate, demo, sql, config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
+from lossspike.times import format_rfc3339, parse_rfc3339, wall_clock
+
+# The demo keeps its synthetic fleet out of the user's own database.
+DEMO_DATABASE = "lossspike-demo.duckdb"
+# Settings a command line can override; backend and cloud settings come from the environment.
+_RULE_FLAGS = (
+    "service",
+    "metric",
+    "run_pattern",
+    "run_ids",
+    "execution_uids",
+    "baseline_minutes",
+    "recent_minutes",
+    "sigma",
+    "min_rise",
+    "min_baseline_samples",
+    "min_recent_samples",
+    "reference",
+)
+
+
+class UsageError(Exception):
+    """A command line the parser rejects."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: scripts read stderr too.
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _add_rule_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rule and enrollment (override LOSSSPIKE_* variables)")
+    by_key = {o.key: o for o in OPTIONS}
+    for key in _RULE_FLAGS:
+        option = by_key[key]
+        group.add_argument(option.flag, dest=key, metavar=key.upper(), help=f"{option.help} [{default_text(key)}]")
+
+
+def _add_now(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--now", help="evaluation time, RFC 3339 (default: the wall clock)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lossspike", description="Training-loss spike alert for hero runs.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    evaluate = commands.add_parser("evaluate", help="classify every watched run once")
+    evaluate.add_argument("--database", help=f"DuckDB file with a telemetry table [$LOSSSPIKE_DATABASE or {default_text('database')}]")
+    _add_now(evaluate)
+    evaluate.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    evaluate.add_argument("--no-write", action="store_true", help="print only; do not write loss_spike_alerts")
+    _add_rule_flags(evaluate)
+
+    demo = commands.add_parser("demo", help="build a synthetic fleet and evaluate it")
+    demo.add_argument("--database", default=DEMO_DATABASE, help=f"file to (re)create [{DEMO_DATABASE}]")
+    _add_now(demo)
+
+    sql = commands.add_parser("sql", help="print the tick's query and its parameters")
+    sql.add_argument("--dialect", choices=("bigquery", "duckdb"), default="bigquery")
+    sql.add_argument("--table", help="telemetry table [$LOSSSPIKE_TELEMETRY_TABLE or telemetry]")
+    _add_now(sql)
+    _add_rule_flags(sql)
+
+    commands.add_parser("config", help="print every setting, its variable and its effective value")
+    return parser
+
+
+def _now(args: argparse.Namespace) -> datetime:
+    if args.now is None:
+        return wall_clock()
+    try:
+        return parse_rfc3339(args.now)
+    except ValueError as error:
+        raise ConfigError(f"--now: {error}") from None
+
+
+def _settings(args: argparse.Namespace, **extra: str | None) -> Settings:
+    overrides: dict[str, str | None] = {key: getattr(args, key, None) for key in _RULE_FLAGS}
+    overrides.update(extra)
+    return load_settings(os.environ, overrides)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.evaluate import evaluate
+    from lossspike.render import render
+
+    settings = _settings(args, database=args.database, backend="duckdb")
+    now = _now(args)
+    with DuckDBStore(
+        settings.database, settings.telemetry_table, settings.alerts_table, read_only=args.no_write
+    ) as store:
+        rows = evaluate(store, settings, now)
+        if not args.no_write:
+            store.write_alerts(rows)
+    sys.stdout.write(render(rows, args.format))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from lossspike.demo import DEMO_RUNS, write_demo_database
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.evaluate import evaluate
+    from lossspike.render import render
+
+    now = _now(args).replace(second=0, microsecond=0)
+    path = Path(args.database)
+    written = write_demo_database(path, now)
+    settings = _settings(args, database=str(path), backend="duckdb")
+    with DuckDBStore(path, settings.telemetry_table, settings.alerts_table) as store:
+        rows = evaluate(store, settings, now)
+        store.write_alerts(rows)
+    out, t = sys.stdout, settings.thresholds
+    out.write(
+        f"lossspike demo: {len(DEMO_RUNS)} synthetic training runs, {written:,} telemetry rows"
+        f" (train_loss and grad_norm every 10 s) in {path}.\n"
+        f"Each hero run's last {t.recent_minutes} minutes of train_loss are compared with its trailing"
+        f" {t.baseline_minutes}-minute baseline.\nA run pages (page = 1) when the floor of its recent window"
+        f" rises above band = reference + max({t.min_rise}, {t.sigma} x stddev),\n"
+        "or when any recent loss is NaN or infinite.\n\n"
+    )
+    out.write(render(rows, "table"))
+    out.write("\nWhat each run shows:\n")
+    for run_id, cluster, _, story in DEMO_RUNS:
+        out.write(f"  {run_id:<18} {cluster or '(empty)':<13} {story}\n")
+    out.write(
+        f"\nThe verdicts were written to table loss_spike_alerts in {path}. Next:\n"
+        f"  lossspike evaluate --database {path} --now {format_rfc3339(now)} --format json --no-write\n"
+        "  lossspike sql --dialect bigquery     # the same query as BigQuery runs it\n"
+    )
+    return 0
+
+
+def _cmd_sql(args: argparse.Namespace) -> int:
+    from lossspike.sql import DIALECTS, loss_window_query
+
+    settings = _settings(args, telemetry_table=args.table)
+    now = _now(args)
+    query = loss_window_query(
+        DIALECTS[args.dialect], settings.telemetry_table, now, settings.thresholds, settings.selection
+    )
+    params = {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in query.params.items()}
+    sys.stdout.write(query.sql + ";\n\n-- parameters\n" + json.dumps(params, indent=2) + "\n")
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    settings = load_settings(os.environ)
+    effective: dict[str, Any] = {}
+    for option in OPTIONS:
+        for holder in (settings, settings.thresholds, settings.selection):
+            if hasattr(holder, option.key):
+                effective[option.key] = getattr(holder, option.key)
+    width = max(len(o.env) for o in OPTIONS)
+    for option in OPTIONS:
+        value = effective[option.key]
+        shown = ",".join(value) if isinstance(value, tuple) else ("auto" if value is None else value)
+        sys.stdout.write(f"{option.env:<{width}}  {shown!s:<32}  {option.help}\n")
+    return 0
+
+
+_COMMANDS = {"evaluate": _cmd_evaluate, "demo": _cmd_demo, "sql": _cmd_sql, "config": _cmd_config}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; errors become one line on stderr and a non-zero exit."""
+    from lossspike.duckdb_store import StoreError
+
+    try:
+        args = build_parser().parse_args(argv)
+        return _COMMANDS[args.command](args)
+    except UsageError as error:
+        sys.stderr.write(f"lossspike: error: {error}\n")
+        return 2
+    except ConfigError as error:
+        sys.stderr.write(f"lossspike: configuration error: {error}\n")
+        return 2
+    except StoreError as error:
+        sys.stderr.write(f"lossspike: error: {error}\n")
+        return 1
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

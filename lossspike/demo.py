@@ -1,0 +1,85 @@
+"""A synthetic fleet that shows every verdict, written to a DuckDB telemetry table."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from lossspike.schema import TELEMETRY_COLUMNS, telemetry_table_ddl
+from lossspike.sql import DUCKDB, quote_table
+
+# 90 minutes covers the hour-long baseline with room for a run that started late.
+HISTORY = timedelta(minutes=90)
+# One step every 10 s keeps the demo file small while every window stays well filled.
+STEP = timedelta(seconds=10)
+# Fixed so the demo and its documentation show the same numbers every time.
+SEED = 7
+
+# run_id, cluster, what happens to its loss, and what the rule should say about it.
+DEMO_RUNS = (
+    ("hero-llama-8b", "us-central2", "steady", "healthy: loss keeps falling inside its band"),
+    ("hero-mixtral", "europe-west4", "transient", "healthy: one huge step 2 min ago, the floor ignores it"),
+    ("hero-qwen-32b", "us-central2", "shift", "spiking: loss jumped 5 min ago and stayed up"),
+    ("hero-gemma-2b", "", "nan", "not_finite: NaN losses in the last minutes (cluster unknown)"),
+    ("hero-olmo-1b", "us-east5", "late", "warming_up: started 7 min ago, baseline not yet full"),
+    ("ablation-lr-sweep", "us-central2", "shift", "not watched: run ID does not match hero-%"),
+)
+
+
+def _loss(kind: str, age: timedelta, rng: random.Random) -> float:
+    """Loss of a run of `kind`, `age` before now: slow decay plus noise, then the event."""
+    minutes = age.total_seconds() / 60
+    loss = 2.2 + 0.3 * math.exp(-(90 - minutes) / 40) + rng.gauss(0, 0.01)
+    if kind == "transient" and timedelta(minutes=2) <= age < timedelta(minutes=2) + STEP:
+        return loss + 4.0
+    if kind == "shift" and age <= timedelta(minutes=5):
+        return loss + 0.8
+    if kind == "nan" and age <= timedelta(minutes=2) and rng.random() < 0.5:
+        return float("nan")
+    return loss
+
+
+def demo_telemetry(now: datetime) -> pa.Table:
+    """Telemetry rows for the demo fleet, ending just before `now`."""
+    rng = random.Random(SEED)
+    rows: dict[str, list] = {name: [] for name in TELEMETRY_COLUMNS}
+    for run_id, cluster, kind, _ in DEMO_RUNS:
+        start = now - (timedelta(minutes=7) if kind == "late" else HISTORY)
+        moment = start
+        while moment < now:
+            age = now - moment
+            for name, value in (("train_loss", _loss(kind, age, rng)), ("grad_norm", abs(rng.gauss(1.0, 0.1)))):
+                rows["timestamp"].append(moment)
+                rows["service"].append("levanter")
+                rows["name"].append(name)
+                rows["value"].append(value)
+                rows["cluster"].append(cluster)
+                rows["run_id"].append(run_id)
+                rows["job_id"].append(f"{run_id}-job")
+                rows["execution_uid"].append(f"{run_id}-attempt-1")
+            moment += STEP
+    return pa.table(rows).cast(
+        pa.schema(
+            [
+                pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+                *(pa.field(n, pa.float64() if n == "value" else pa.string()) for n in list(TELEMETRY_COLUMNS)[1:]),
+            ]
+        )
+    )
+
+
+def write_demo_database(path: Path, now: datetime, table: str = "telemetry") -> int:
+    """Replace the telemetry table in `path` with the demo fleet; return rows written."""
+    data = demo_telemetry(now)
+    quoted = quote_table(DUCKDB, table)
+    with duckdb.connect(str(path)) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {quoted}")
+        connection.execute(telemetry_table_ddl(quoted))
+        connection.register("demo_rows", data)
+        connection.execute(f"INSERT INTO {quoted} SELECT * FROM demo_rows")
+    return data.num_rows

@@ -1,0 +1,61 @@
+"""Alert rows for people (an aligned table) and for programs (JSON, JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any
+
+from lossspike.times import format_rfc3339
+
+FORMATS = ("table", "json", "jsonl")
+# What an on-call engineer reads first; the rest is in JSON and the alerts table.
+_TABLE_COLUMNS = (
+    ("cluster", "cluster"),
+    ("run", "run"),
+    ("job", "job"),
+    ("reason", "reason"),
+    ("value", "page"),
+    ("baseline_samples", "base n"),
+    ("reference", "reference"),
+    ("baseline_stddev", "stddev"),
+    ("band", "band"),
+    ("recent_samples", "recent n"),
+    ("recent_floor", "recent floor"),
+    ("recent_peak", "recent peak"),
+)
+
+
+def jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with RFC 3339 times; a non-finite statistic (float overflow) becomes null."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, datetime):
+            value = format_rfc3339(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[key] = value
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def render(rows: list[dict[str, Any]], fmt: str) -> str:
+    """Rows in the requested format, ending with a newline."""
+    if fmt == "json":
+        return json.dumps([jsonable(r) for r in rows], indent=2, allow_nan=False) + "\n"
+    if fmt == "jsonl":
+        return "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in rows)
+    header = [title for _, title in _TABLE_COLUMNS]
+    body = [[_cell(row.get(key)) for key, _ in _TABLE_COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
+    when = format_rfc3339(rows[0]["evaluated_at"]) if rows else ""
+    return f"evaluated at {when}\n" + "\n".join(lines) + "\n"

@@ -1,0 +1,197 @@
+"""The loss-spike rule: thresholds, per-run windows, the verdict and the alert rows.
+
+A run pages when the floor (minimum) of its last few minutes of loss clears its
+trailing reference plus a band. Every step of the recent window has to be above
+the band for its floor to be, so a single excursion, which Levanter's skip-step
+optimizer already discards, stays quiet, and a level that shifts up and stays
+pages. Nothing here touches a database: the SQL builder reduces the raw samples,
+this module judges the reductions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+WARMING_UP = "warming_up"
+NOT_FINITE = "not_finite"
+SPIKING = "spiking"
+HEALTHY = "healthy"
+# In the order the rule tries them; the first that matches wins.
+REASONS = (NOT_FINITE, WARMING_UP, SPIKING, HEALTHY)
+# The reasons worth a page, each its own Cloud Monitoring series per run.
+PAGING_REASONS = (SPIKING, NOT_FINITE)
+REFERENCES = ("mean", "floor")
+
+# The row written when nothing is enrolled, so that "no data" is reserved for a
+# broken evaluator.
+FLEET_CLUSTER = "fleet"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Everything the verdict depends on; defaults are Marin's hero-run alert."""
+
+    # The hour of trailing history a run is compared with (window end is now - recent).
+    baseline_minutes: int = 60
+    # Long enough for several steps of a slow run, short enough to page within minutes.
+    recent_minutes: int = 5
+    # Levanter's SkipStepConfig band, applied to a window instead of one step.
+    sigma: float = 6.0
+    # A rise below this is noise nobody acts on, however tight the baseline became.
+    min_rise: float = 0.05
+    # Fewer finite baseline samples than this make the mean and spread untrustworthy.
+    min_baseline_samples: int = 20
+    # A floor over fewer samples than this is one noisy step, not a level.
+    min_recent_samples: int = 5
+    # "mean" follows Marin's code and runbook; "floor" is stricter against slow drift.
+    reference: str = "mean"
+
+    def __post_init__(self) -> None:
+        problems = threshold_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def threshold_problems(t: Thresholds) -> list[str]:
+    """Return one message per invalid threshold, naming it and what it accepts."""
+    problems = []
+    for name in ("baseline_minutes", "recent_minutes", "min_baseline_samples", "min_recent_samples"):
+        value = getattr(t, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    for name in ("sigma", "min_rise"):
+        value = getattr(t, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            problems.append(f"{name} must be a finite number >= 0, got {value!r}")
+    if not problems and t.recent_minutes >= t.baseline_minutes:
+        problems.append(
+            f"recent_minutes ({t.recent_minutes}) must be less than baseline_minutes ({t.baseline_minutes})"
+        )
+    if t.reference not in REFERENCES:
+        problems.append(f"reference must be one of {', '.join(REFERENCES)}, got {t.reference!r}")
+    return problems
+
+
+@dataclass(frozen=True)
+class LossWindows:
+    """One run's loss reduced to its baseline and recent windows."""
+
+    baseline_samples: int = 0
+    baseline_mean: float | None = None
+    baseline_stddev: float | None = None
+    baseline_floor: float | None = None
+    recent_samples: int = 0
+    recent_not_finite: int = 0
+    recent_mean: float | None = None
+    recent_floor: float | None = None
+    recent_peak: float | None = None
+
+
+WINDOW_FIELDS = tuple(LossWindows.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class EnrolledRun:
+    """A watched run and its windows, as the one query returns them."""
+
+    cluster: str
+    run: str
+    job: str = ""
+    windows: LossWindows = field(default_factory=LossWindows)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def enrolled_runs(result: pa.Table) -> list[EnrolledRun]:
+    """Turn the query result into enrolled runs, sorted by (cluster, run)."""
+    runs = []
+    for row in result.to_pylist():
+        windows = LossWindows(
+            baseline_samples=int(row["baseline_samples"] or 0),
+            baseline_mean=_number(row["baseline_mean"]),
+            baseline_stddev=_number(row["baseline_stddev"]),
+            baseline_floor=_number(row["baseline_floor"]),
+            recent_samples=int(row["recent_samples"] or 0),
+            recent_not_finite=int(row["recent_not_finite"] or 0),
+            recent_mean=_number(row["recent_mean"]),
+            recent_floor=_number(row["recent_floor"]),
+            recent_peak=_number(row["recent_peak"]),
+        )
+        runs.append(EnrolledRun(str(row["cluster"]), str(row["run_id"]), str(row["job"] or ""), windows))
+    # Engines order strings differently; Python's code-point order is the contract.
+    return sorted(runs, key=lambda r: (r.cluster, r.run))
+
+
+def reference(windows: LossWindows, thresholds: Thresholds) -> float | None:
+    """The baseline level the band is built on."""
+    return windows.baseline_mean if thresholds.reference == "mean" else windows.baseline_floor
+
+
+def band(windows: LossWindows, thresholds: Thresholds) -> float | None:
+    """The level a recent floor must clear to be a spike, or None without a baseline."""
+    level = reference(windows, thresholds)
+    if level is None:
+        return None
+    stddev = windows.baseline_stddev
+    # One sample gives no spread and a flat baseline gives zero; either way the
+    # absolute rise alone carries the band.
+    spread = stddev if stddev is not None and math.isfinite(stddev) else 0.0
+    return level + max(thresholds.min_rise, thresholds.sigma * spread)
+
+
+def loss_spike_reason(windows: LossWindows | None, thresholds: Thresholds) -> tuple[str, int]:
+    """Return the run's reason and its paging value, first match wins."""
+    if windows is None:
+        return WARMING_UP, 0
+    # A NaN loss is never noise, so it pages even before the baseline fills.
+    if windows.recent_not_finite > 0:
+        return NOT_FINITE, 1
+    if (
+        windows.baseline_samples < thresholds.min_baseline_samples
+        or windows.recent_samples < thresholds.min_recent_samples
+    ):
+        return WARMING_UP, 0
+    limit = band(windows, thresholds)
+    floor = windows.recent_floor
+    if limit is not None and floor is not None and floor > limit:
+        return SPIKING, 1
+    return HEALTHY, 0
+
+
+def fleet_row(now: datetime) -> dict[str, Any]:
+    """The single row written when no run is enrolled."""
+    empty = LossWindows()
+    return _row(now, EnrolledRun(FLEET_CLUSTER, "", "", empty), HEALTHY, 0, None, None)
+
+
+def _row(
+    now: datetime, run: EnrolledRun, reason: str, value: int, level: float | None, limit: float | None
+) -> dict[str, Any]:
+    w = run.windows
+    return {
+        "evaluated_at": now,
+        "cluster": run.cluster,
+        "job": run.job,
+        "run": run.run,
+        "reason": reason,
+        "value": value,
+        **{name: getattr(w, name) for name in WINDOW_FIELDS},
+        "reference": level,
+        "band": limit,
+    }
+
+
+def alert_rows(runs: list[EnrolledRun], now: datetime, thresholds: Thresholds) -> list[dict[str, Any]]:
+    """Project every enrolled run into its alert row; the fleet row when there is none."""
+    rows = []
+    for run in runs:
+        reason, value = loss_spike_reason(run.windows, thresholds)
+        rows.append(_row(now, run, reason, value, reference(run.windows, thresholds), band(run.windows, thresholds)))
+    return rows or [fleet_row(now)]

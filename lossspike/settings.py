@@ -1,0 +1,225 @@
+"""Configuration: every setting is a LOSSSPIKE_* variable, and most a CLI flag too.
+
+Parsed and validated once (at cold start in the cloud, at start on the command
+line). A bad value stops everything with a message naming the variable or flag
+and what it accepts, because an alert that silently runs with a default
+threshold is worse than one that refuses to start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lossspike.rule import REFERENCES, Thresholds, threshold_problems
+from lossspike.sql import Selection, validate_table
+
+ENV_PREFIX = "LOSSSPIKE_"
+BACKENDS = ("duckdb", "bigquery")
+# The embedded default lives beside the user, where `lossspike evaluate` looks first.
+DEFAULT_DATABASE = "lossspike.duckdb"
+# BigQuery's on-demand minimum is 10 MB per query; 10 GiB a tick is a runaway, not a tick.
+DEFAULT_MAX_BYTES_BILLED = 10 * 1024**3
+
+
+class ConfigError(ValueError):
+    """A setting has a value the product does not accept."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The whole configuration of one evaluator."""
+
+    backend: str = "duckdb"
+    database: str = DEFAULT_DATABASE
+    project: str = ""
+    location: str = "US"
+    telemetry_table: str = "telemetry"
+    alerts_table: str = "loss_spike_alerts"
+    metric_prefix: str = "custom.googleapis.com/lossspike"
+    max_bytes_billed: int = DEFAULT_MAX_BYTES_BILLED
+    # Cloud Monitoring series; on by default only where Cloud Monitoring exists.
+    monitoring: bool | None = None
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    selection: Selection = field(default_factory=Selection)
+
+    @property
+    def monitoring_enabled(self) -> bool:
+        return self.backend == "bigquery" if self.monitoring is None else self.monitoring
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value.strip()
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value.strip() not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return value.strip()
+
+    return parse
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ValueError("must be a positive integer") from None
+    if number < 1:
+        raise ValueError("must be a positive integer")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError("must be a finite number >= 0") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("must be a finite number >= 0")
+    return number
+
+
+def _table(value: str) -> str:
+    return validate_table(value.strip())
+
+
+def _list(value: str) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in value.split(","))
+    if any(not item for item in items) and value.strip():
+        raise ValueError("must be a comma-separated list without empty items")
+    return tuple(item for item in items if item)
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be one of true, false")
+
+
+def _metric_prefix(value: str) -> str:
+    prefix = value.strip().rstrip("/")
+    if not prefix.startswith("custom.googleapis.com/"):
+        raise ValueError("must start with custom.googleapis.com/")
+    return prefix
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: where it lands, how it is parsed, and what it means."""
+
+    key: str  # field of Settings, Thresholds or Selection
+    parse: Callable[[str], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+OPTIONS = (
+    Option("backend", _choice(BACKENDS), "Where telemetry is read and alert rows are written."),
+    Option("database", _text, "DuckDB file of the embedded backend."),
+    Option("project", _text, "Google Cloud project for BigQuery jobs and Cloud Monitoring."),
+    Option("location", _text, "BigQuery location of the query jobs."),
+    Option("telemetry_table", _table, "Telemetry table (BigQuery project.dataset.table)."),
+    Option("alerts_table", _table, "Alert rows table (BigQuery project.dataset.table)."),
+    Option("metric_prefix", _metric_prefix, "Cloud Monitoring metric type prefix."),
+    Option("max_bytes_billed", _positive_int, "BigQuery byte cap per query; a larger scan fails."),
+    Option("monitoring", _bool, "Write Cloud Monitoring series (default: on with bigquery)."),
+    Option("service", _text, "Telemetry service whose samples count."),
+    Option("metric", _text, "Metric name of the loss."),
+    Option("run_pattern", _text, "SQL LIKE pattern of watched run IDs."),
+    Option("run_ids", _list, "Comma-separated run IDs to watch instead of the pattern."),
+    Option("execution_uids", _list, "Comma-separated attempts narrowing both windows."),
+    Option("baseline_minutes", _positive_int, "Baseline window length."),
+    Option("recent_minutes", _positive_int, "Recent window length."),
+    Option("sigma", _non_negative_float, "Standard deviations above the reference."),
+    Option("min_rise", _non_negative_float, "Smallest rise over the reference that counts."),
+    Option("min_baseline_samples", _positive_int, "Finite baseline samples before judging."),
+    Option("min_recent_samples", _positive_int, "Recent samples before judging."),
+    Option("reference", _choice(REFERENCES), "Baseline reference: mean or floor."),
+)
+OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}
+_GROUPS = {
+    Thresholds: {f.name for f in fields(Thresholds)},
+    Selection: {f.name for f in fields(Selection)},
+}
+
+
+def default_text(key: str) -> str:
+    """The default of a setting as a user would write it."""
+    for cls, names in _GROUPS.items():
+        if key in names:
+            value = getattr(cls(), key)
+            break
+    else:
+        value = getattr(Settings(), key)
+    if value is None:
+        return "auto"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None] | None = None) -> Settings:
+    """Build Settings from LOSSSPIKE_* variables, then CLI overrides (given as text).
+
+    Raises ConfigError listing every bad value with the variable or flag that set it.
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    problems: list[str] = []
+    for option in OPTIONS:
+        raw, source = environ.get(option.env), option.env
+        if overrides and overrides.get(option.key) is not None:
+            raw, source = overrides[option.key], option.flag
+        if raw is None:
+            continue
+        try:
+            values[option.key] = option.parse(str(raw))
+            sources[option.key] = source
+        except ValueError as error:
+            problems.append(f"{source}={raw!r}: {error}")
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in {o.env for o in OPTIONS})
+    problems.extend(f"{k}: unknown setting (known: see `lossspike config`)" for k in unknown)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+    groups = {cls: {k: values.pop(k) for k in list(values) if k in names} for cls, names in _GROUPS.items()}
+    try:
+        thresholds = Thresholds(**groups[Thresholds])
+    except ValueError:
+        candidate = Thresholds.__new__(Thresholds)
+        for f in fields(Thresholds):
+            object.__setattr__(candidate, f.name, groups[Thresholds].get(f.name, f.default))
+        messages = threshold_problems(candidate)
+        raise ConfigError("; ".join(_name_sources(messages, sources))) from None
+    settings = Settings(**values, thresholds=thresholds, selection=Selection(**groups[Selection]))
+    if settings.backend == "bigquery":
+        for key in ("telemetry_table", "alerts_table"):
+            if getattr(settings, key).count(".") != 2:
+                option = OPTIONS_BY_KEY[key]
+                raise ConfigError(f"{option.env}: the bigquery backend needs project.dataset.table")
+    return settings
+
+
+def _name_sources(messages: list[str], sources: dict[str, str]) -> list[str]:
+    """Prefix each threshold message with the variable or flag behind it."""
+    named = []
+    for message in messages:
+        key = message.split(" ", 1)[0]
+        named.append(f"{sources.get(key, OPTIONS_BY_KEY[key].env)}: {message}" if key in OPTIONS_BY_KEY else message)
+    return named

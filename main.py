@@ -1,0 +1,1 @@
+"""Cloud Function entry point (filled in by the cloud issue)."""
