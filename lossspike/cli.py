@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     evaluate = commands.add_parser("evaluate", help="classify every watched run once")
-    evaluate.add_argument("--database", help=f"DuckDB file with a telemetry table [$LOSSSPIKE_DATABASE or {default_text('database')}]")
+    evaluate.add_argument(
+        "--database", help=f"DuckDB file with a telemetry table [$LOSSSPIKE_DATABASE or {default_text('database')}]"
+    )
     _add_now(evaluate)
     evaluate.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
     evaluate.add_argument("--no-write", action="store_true", help="print only; do not write loss_spike_alerts")

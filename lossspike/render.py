@@ -56,6 +56,9 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     header = [title for _, title in _TABLE_COLUMNS]
     body = [[_cell(row.get(key)) for key, _ in _TABLE_COLUMNS] for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *body]]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in [header, *body]
+    ]
     when = format_rfc3339(rows[0]["evaluated_at"]) if rows else ""
     return f"evaluated at {when}\n" + "\n".join(lines) + "\n"

@@ -73,6 +73,7 @@ def quote_table(dialect: Dialect, name: str) -> str:
     parts = [validate_table(name)] if dialect.quote_whole_path else validate_table(name).split(".")
     return ".".join(f"{q}{part}{q}" for part in parts)
 
+
 # The query's output columns, in order; rule.enrolled_runs reads them by name.
 RESULT_COLUMNS = (
     "cluster",
@@ -114,9 +115,7 @@ class Query:
 def validate_table(name: str) -> str:
     """Return the table path if it is a plain dotted identifier, else raise ValueError."""
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
-        raise ValueError(
-            f"invalid table name {name!r}: use [project.][dataset.]table with letters, digits, '_' or '-'"
-        )
+        raise ValueError(f"invalid table name {name!r}: use [project.][dataset.]table with letters, digits, '_' or '-'")
     return name
 
 
@@ -167,12 +166,12 @@ def loss_window_query(
     timestamp,
     value,
     COALESCE({is_loss}, FALSE) AS is_loss,
-    timestamp >= {p('recent_start')} AS recent,
-    {d.finite.format('value')} AS finite
+    timestamp >= {p("recent_start")} AS recent,
+    {d.finite.format("value")} AS finite
   FROM {quote_table(d, table)}
-  WHERE timestamp >= {p('baseline_start')}
-    AND timestamp < {p('now')}
-    AND service = {p('service')}
+  WHERE timestamp >= {p("baseline_start")}
+    AND timestamp < {p("now")}
+    AND service = {p("service")}
     AND value IS NOT NULL
     AND {runs}
 )
@@ -181,14 +180,14 @@ SELECT
   run_id,
   COALESCE({newest_job}, '') AS job,
   {d.count_if.format(baseline)} AS baseline_samples,
-  {stat('AVG', baseline)} AS baseline_mean,
-  {stat('STDDEV_SAMP', baseline)} AS baseline_stddev,
-  {stat('MIN', baseline)} AS baseline_floor,
-  {d.count_if.format('is_loss AND recent')} AS recent_samples,
-  {d.count_if.format('is_loss AND recent AND NOT finite')} AS recent_not_finite,
-  {stat('AVG', recent)} AS recent_mean,
-  {stat('MIN', recent)} AS recent_floor,
-  {stat('MAX', recent)} AS recent_peak
+  {stat("AVG", baseline)} AS baseline_mean,
+  {stat("STDDEV_SAMP", baseline)} AS baseline_stddev,
+  {stat("MIN", baseline)} AS baseline_floor,
+  {d.count_if.format("is_loss AND recent")} AS recent_samples,
+  {d.count_if.format("is_loss AND recent AND NOT finite")} AS recent_not_finite,
+  {stat("AVG", recent)} AS recent_mean,
+  {stat("MIN", recent)} AS recent_floor,
+  {stat("MAX", recent)} AS recent_peak
 FROM samples
 GROUP BY cluster, run_id"""
     return Query(sql, params)
