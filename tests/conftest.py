@@ -1,0 +1,68 @@
+"""Shared helpers: telemetry in a DuckDB database, evaluated through the real pipeline."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from oracle import Sample  # noqa: E402
+
+from lossspike.duckdb_store import DuckDBStore  # noqa: E402
+from lossspike.evaluate import evaluate  # noqa: E402
+from lossspike.schema import TELEMETRY_COLUMNS, telemetry_table_ddl  # noqa: E402
+from lossspike.settings import Settings  # noqa: E402
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+REPO = Path(__file__).resolve().parent.parent
+
+_ARROW = pa.schema(
+    [pa.field("timestamp", pa.timestamp("us", tz="UTC"))]
+    + [pa.field(n, pa.float64() if n == "value" else pa.string()) for n in list(TELEMETRY_COLUMNS)[1:]]
+)
+
+
+def samples_table(samples: list[Sample]) -> pa.Table:
+    return pa.Table.from_pylist([{n: getattr(s, n) for n in TELEMETRY_COLUMNS} for s in samples], schema=_ARROW)
+
+
+def load_telemetry(connection: duckdb.DuckDBPyConnection, samples: list[Sample], table: str = "telemetry") -> None:
+    connection.execute(telemetry_table_ddl(table))
+    data = samples_table(samples)
+    connection.register("incoming", data)
+    connection.execute(f"INSERT INTO {table} SELECT * FROM incoming")
+    connection.unregister("incoming")
+
+
+_SHARED: list[DuckDBStore] = []
+
+
+def evaluate_samples(samples: list[Sample], settings: Settings | None = None, now: datetime = NOW) -> list[dict]:
+    """Rows the DuckDB SQL and the rule give for `samples` (one in-memory database, refilled per call)."""
+    if not _SHARED:
+        _SHARED.append(DuckDBStore(":memory:"))
+    store = _SHARED[0]
+    store.connection.execute("DROP TABLE IF EXISTS telemetry")
+    load_telemetry(store.connection, samples)
+    return evaluate(store, settings or Settings(), now)
+
+
+def write_database(path: Path, samples: list[Sample]) -> Path:
+    with duckdb.connect(str(path)) as connection:
+        load_telemetry(connection, samples)
+    return path
+
+
+@pytest.fixture
+def demo_db(tmp_path: Path) -> Path:
+    from lossspike.demo import write_demo_database
+
+    path = tmp_path / "demo.duckdb"
+    write_demo_database(path, NOW)
+    return path

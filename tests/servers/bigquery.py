@@ -1,0 +1,208 @@
+"""A local BigQuery for tests: the PyPI ``bqemulator`` run as a subprocess.
+
+The emulator lives in its own virtual environment (see
+``tools/bqemulator/setup.sh``) because its pins (sqlglot < 30.12,
+protobuf < 7) clash with the project's. Tests talk to it over HTTP with the
+real ``google.cloud.bigquery.Client``.
+
+Usage::
+
+    with bigquery_emulator(project="test-project") as endpoint:
+        client = make_client(endpoint, "test-project")
+        client.create_dataset("telemetry")
+
+or, in a conftest::
+
+    @pytest.fixture(scope="session")
+    def bq_endpoint():
+        with bigquery_emulator() as endpoint:
+            yield endpoint
+
+Each emulator process is ephemeral (in-memory DuckDB); its state goes away
+when the context exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+SETUP_SCRIPT = "tools/bqemulator/setup.sh"
+DEFAULT_PROJECT = "lossspike-test"
+
+
+class EmulatorUnavailable(RuntimeError):
+    """The emulator's virtual environment is missing or the server did not start."""
+
+
+def tools_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("LOSSSPIKE_TOOLS") or REPO_ROOT / ".tools")
+
+
+def emulator_dir() -> pathlib.Path:
+    return tools_dir() / "bqemulator"
+
+
+def emulator_available() -> bool:
+    """True when ``tools/bqemulator/setup.sh`` has been run (for ``skipif``)."""
+    return (emulator_dir() / "bin" / "bqemulator").exists()
+
+
+def _require_emulator() -> pathlib.Path:
+    exe = emulator_dir() / "bin" / "bqemulator"
+    if not exe.exists():
+        raise EmulatorUnavailable(
+            f"BigQuery emulator not found at {exe}. Run `bash {SETUP_SCRIPT}` "
+            f"(it installs bqemulator into $LOSSSPIKE_TOOLS/bqemulator, default "
+            f"<repo>/.tools/bqemulator)."
+        )
+    return exe
+
+
+@contextlib.contextmanager
+def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 60.0) -> Iterator[str]:
+    """Start the emulator on a free loopback port; yield its endpoint URL.
+
+    The URL (``http://127.0.0.1:PORT``) is what ``make_client`` and
+    ``client_options={"api_endpoint": ...}`` take. The process is stopped
+    (SIGTERM, then SIGKILL) on exit.
+    """
+    exe = _require_emulator()
+    venv = emulator_dir()
+    workdir = tempfile.TemporaryDirectory(prefix="lossspike-bqemu-")
+    env = {
+        # A clean environment: nothing of the caller's venv, credentials or
+        # proxies leaks into the emulator.
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        # DuckDB finds the offline-installed spatial extension under $HOME.
+        "HOME": str(venv / "home"),
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        # The avro extension would be downloaded; nothing here needs it.
+        "BQEMU_ENABLE_FORMAT_EXTENSIONS": "false",
+        "NO_PROXY": "*",
+    }
+    cmd = [
+        str(exe),
+        "start",
+        "--rest-host",
+        "127.0.0.1",
+        "--rest-port",
+        "0",
+        "--grpc-host",
+        "127.0.0.1",
+        "--grpc-port",
+        "0",
+        "--ephemeral",
+        "--project",
+        project,
+        "--log-level",
+        "info",
+        "--log-format",
+        "json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=workdir.name,  # keeps any stray .bqemu.toml out of play
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    log: list[str] = []
+    port_found = threading.Event()
+    port: list[int] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if len(log) < 2000:
+                log.append(line.rstrip("\n"))
+            if not port and '"rest.listen"' in line:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    port.append(int(json.loads(line)["port"]))
+                    port_found.set()
+
+    reader = threading.Thread(target=pump, name="bqemulator-log", daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + start_timeout
+        while not port_found.wait(0.05):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(log[-40:])
+                why = (
+                    f"exited with {proc.returncode}"
+                    if proc.poll() is not None
+                    else f"did not listen within {start_timeout:.0f}s"
+                )
+                raise EmulatorUnavailable(
+                    f"bqemulator {why}. Re-run `bash {SETUP_SCRIPT}` if its venv is broken. Last output:\n{tail}"
+                )
+        endpoint = f"http://127.0.0.1:{port[0]}"
+        _wait_http_ready(endpoint, project, deadline)
+        yield endpoint
+    finally:
+        _stop(proc)
+        reader.join(timeout=5)
+        workdir.cleanup()
+
+
+def _wait_http_ready(endpoint: str, project: str, deadline: float) -> None:
+    import urllib.request
+
+    url = f"{endpoint}/bigquery/v2/projects/{project}/datasets"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise EmulatorUnavailable(f"bqemulator at {endpoint} never answered {url}")
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def make_client(endpoint: str, project: str = DEFAULT_PROJECT, **kwargs):
+    """A real ``google.cloud.bigquery.Client`` pointed at ``endpoint``.
+
+    Anonymous credentials; the BigQuery Storage API is never used by this
+    client's default reads only when callers pass
+    ``create_bqstorage_client=False`` (the emulator's gRPC read API is not
+    exposed by this helper).
+    """
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+
+    return bigquery.Client(
+        project=project,
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=endpoint),
+        **kwargs,
+    )

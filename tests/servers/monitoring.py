@@ -1,0 +1,239 @@
+"""A local Cloud Monitoring ``MetricService`` for tests, spoken over real gRPC.
+
+The fake implements ``google.monitoring.v3.MetricService/CreateTimeSeries``
+(and ``CreateServiceTimeSeries``, same rules) and records every request it
+receives, decoded with google-cloud-monitoring's own message types, so a test
+can drive the real ``MetricServiceClient`` against it and assert on what
+production would send.
+
+Rules it enforces, as Cloud Monitoring does for custom metrics:
+
+* at most ``max_series`` (200) time series per request;
+* exactly one point per time series, and no time series twice in a request;
+* points of a series must be written in order: a point whose end time is
+  equal to or older than the series' most recent point is rejected with
+  INVALID_ARGUMENT "... Points must be written in order. ...". As in the real
+  service, the valid series of a partly bad request are still written.
+
+Knobs: ``fail_next(n)`` fails the next ``n`` calls with UNAVAILABLE (or any
+status code), ``enforce_order`` turns the ordering rule off.
+
+Usage::
+
+    with monitoring_server() as fake:
+        client = make_client(fake.address)
+        client.create_time_series(name="projects/p", time_series=[...])
+        assert fake.requests[0].time_series[0].metric.type == "custom.googleapis.com/x"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from google.cloud.monitoring_v3.types import CreateTimeSeriesRequest, TimeSeries
+from google.protobuf import empty_pb2
+
+SERVICE = "google.monitoring.v3.MetricService"
+MAX_SERIES_PER_REQUEST = 200
+
+ORDER_MESSAGE = (
+    "Points must be written in order. One or more of the points specified had an "
+    "older start time than the most recent point."
+)
+DUPLICATE_MESSAGE = "Duplicate TimeSeries encountered. Only one point can be written per TimeSeries per request."
+ONE_POINT_MESSAGE = "Only one point can be written per TimeSeries per request."
+TOO_MANY_MESSAGE = (
+    "Field timeSeries had an invalid value: A maximum of {max} TimeSeries can be written in a single request."
+)
+WRITE_FAILED_PREFIX = "One or more TimeSeries could not be written: "
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...], str, tuple[tuple[str, str], ...]]
+
+
+def series_key(ts: TimeSeries) -> SeriesKey:
+    """Identity of a time series: metric type and labels, resource type and labels."""
+    pb = TimeSeries.pb(ts)
+    return (
+        pb.metric.type,
+        tuple(sorted(pb.metric.labels.items())),
+        pb.resource.type,
+        tuple(sorted(pb.resource.labels.items())),
+    )
+
+
+def _describe(index: int, ts_pb) -> str:
+    def labels(d) -> str:
+        return "{" + ",".join(f"{k}:{v}" for k, v in sorted(d.items())) + "}"
+
+    return (
+        f"{ts_pb.resource.type}{labels(ts_pb.resource.labels)} timeSeries[{index}]: "
+        f"{ts_pb.metric.type}{labels(ts_pb.metric.labels)}"
+    )
+
+
+@dataclass
+class WrittenPoint:
+    """A point the fake accepted, with the series it belongs to."""
+
+    key: SeriesKey
+    end_time_ns: int
+    value: object  # int, float, bool or str, per the TypedValue set
+    series: TimeSeries
+
+
+@dataclass
+class FakeMetricService:
+    """State and behaviour of the fake; thread-safe."""
+
+    max_series: int = MAX_SERIES_PER_REQUEST
+    enforce_order: bool = True
+    address: str = ""
+    #: every request received, in order, including rejected ones
+    requests: list[CreateTimeSeriesRequest] = field(default_factory=list)
+    #: invocation metadata of each request (same order as ``requests``)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+    #: every point accepted, in order
+    points: list[WrittenPoint] = field(default_factory=list)
+    _latest_end: dict[SeriesKey, int] = field(default_factory=dict)
+    _failures: list[tuple[grpc.StatusCode, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- knobs -------------------------------------------------------------
+
+    def fail_next(
+        self,
+        n: int = 1,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        message: str = "The service is currently unavailable.",
+    ) -> None:
+        """Fail the next ``n`` calls with ``code`` (recorded, nothing written)."""
+        with self._lock:
+            self._failures.extend([(code, message)] * n)
+
+    def reset(self) -> None:
+        """Forget requests, points and pending failures."""
+        with self._lock:
+            self.requests.clear()
+            self.metadata.clear()
+            self.points.clear()
+            self._latest_end.clear()
+            self._failures.clear()
+
+    # -- queries -----------------------------------------------------------
+
+    def latest(self) -> dict[SeriesKey, WrittenPoint]:
+        """The most recent accepted point of every series."""
+        with self._lock:
+            out: dict[SeriesKey, WrittenPoint] = {}
+            for p in self.points:
+                out[p.key] = p
+            return out
+
+    def written_series(self) -> list[TimeSeries]:
+        """Every accepted time series (one point each), in write order."""
+        with self._lock:
+            return [p.series for p in self.points]
+
+    # -- the RPC -----------------------------------------------------------
+
+    def create_time_series(self, request: CreateTimeSeriesRequest, context) -> empty_pb2.Empty:
+        with self._lock:
+            self.requests.append(request)
+            self.metadata.append({k: str(v) for k, v in context.invocation_metadata()})
+            if self._failures:
+                code, message = self._failures.pop(0)
+                context.abort(code, message)
+            pb = CreateTimeSeriesRequest.pb(request)
+            if not pb.name.startswith("projects/"):
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f'Field name had an invalid value of "{pb.name}": '
+                    "must be of the form projects/[PROJECT_ID_OR_NUMBER].",
+                )
+            if len(pb.time_series) > self.max_series:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    TOO_MANY_MESSAGE.format(max=self.max_series),
+                )
+            errors: list[str] = []
+            seen: set[SeriesKey] = set()
+            accepted: list[WrittenPoint] = []
+            for i, ts in enumerate(request.time_series):
+                ts_pb = pb.time_series[i]
+                key = series_key(ts)
+                if len(ts_pb.points) != 1:
+                    errors.append(f"Field timeSeries[{i}].points had an invalid value: {ONE_POINT_MESSAGE}")
+                    continue
+                if key in seen:
+                    errors.append(f"Field timeSeries[{i}] had an invalid value: {DUPLICATE_MESSAGE}")
+                    continue
+                seen.add(key)
+                point = ts_pb.points[0]
+                end_ns = point.interval.end_time.seconds * 1_000_000_000 + point.interval.end_time.nanos
+                latest = self._latest_end.get(key)
+                if self.enforce_order and latest is not None and end_ns <= latest:
+                    errors.append(f"{ORDER_MESSAGE}: {_describe(i, ts_pb)}")
+                    continue
+                kind = point.value.WhichOneof("value")
+                value = getattr(point.value, kind) if kind else None
+                accepted.append(WrittenPoint(key, end_ns, value, ts))
+            # As the real service does, the valid series are written even
+            # when others in the same request are rejected.
+            for wp in accepted:
+                self.points.append(wp)
+                prev = self._latest_end.get(wp.key)
+                self._latest_end[wp.key] = wp.end_time_ns if prev is None else max(prev, wp.end_time_ns)
+            if errors:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, WRITE_FAILED_PREFIX + "; ".join(errors))
+            return empty_pb2.Empty()
+
+
+def _handler(fake: FakeMetricService) -> grpc.GenericRpcHandler:
+    method = grpc.unary_unary_rpc_method_handler(
+        fake.create_time_series,
+        request_deserializer=CreateTimeSeriesRequest.deserialize,
+        response_serializer=empty_pb2.Empty.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(
+        SERVICE, {"CreateTimeSeries": method, "CreateServiceTimeSeries": method}
+    )
+
+
+@contextlib.contextmanager
+def monitoring_server(**options) -> Iterator[FakeMetricService]:
+    """Serve a ``FakeMetricService`` on a free loopback port; yield it.
+
+    ``fake.address`` is ``127.0.0.1:PORT``. Keyword options set the fake's
+    fields (``max_series``, ``enforce_order``).
+    """
+    fake = FakeMetricService(**options)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((_handler(fake),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    if not port:
+        raise RuntimeError("could not bind a loopback port for the fake Monitoring server")
+    fake.address = f"127.0.0.1:{port}"
+    server.start()
+    try:
+        yield fake
+    finally:
+        server.stop(grace=None).wait(5)
+
+
+def make_client(address: str):
+    """A real ``MetricServiceClient`` talking plaintext gRPC to ``address``.
+
+    Close it with ``client.transport.close()``.
+    """
+    from google.cloud.monitoring_v3 import MetricServiceClient
+    from google.cloud.monitoring_v3.services.metric_service.transports.grpc import (
+        MetricServiceGrpcTransport,
+    )
+
+    channel = grpc.insecure_channel(address)
+    return MetricServiceClient(transport=MetricServiceGrpcTransport(channel=channel))

@@ -1,0 +1,211 @@
+"""The command-line contract of SPEC.md, run as a user runs it: a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import NOW, write_database
+from oracle import Sample
+
+NOW_TEXT = "2026-11-30T12:00:00Z"
+
+
+def lossspike(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "lossspike.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        timeout=120,
+    )
+
+
+def spiking_fleet() -> list[Sample]:
+    samples = []
+    for run, shift in (("hero-up", 1.0), ("hero-flat", 0.0)):
+        samples += [
+            Sample(NOW - timedelta(minutes=50) + timedelta(minutes=i), 2.0 + 0.01 * (i % 2), run) for i in range(40)
+        ]
+        samples += [Sample(NOW - timedelta(seconds=20 * (i + 1)), 2.0 + shift, run) for i in range(10)]
+    return samples
+
+
+def test_evaluate_json_no_write_prints_rows_only(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", spiking_fleet())
+    result = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    rows = json.loads(result.stdout)
+    assert [(r["cluster"], r["job"], r["run"], r["reason"], r["value"]) for r in rows] == [
+        ("c1", "job-1", "hero-flat", "healthy", 0),
+        ("c1", "job-1", "hero-up", "spiking", 1),
+    ]
+    assert rows[0]["evaluated_at"] == NOW_TEXT
+    with duckdb.connect(str(db), read_only=True) as connection:
+        tables = {t for (t,) in connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert "loss_spike_alerts" not in tables
+
+
+def test_evaluate_writes_and_same_now_twice_replaces(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", spiking_fleet())
+    for _ in range(2):
+        result = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "jsonl")
+        assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["run"] for line in result.stdout.splitlines()] == ["hero-flat", "hero-up"]
+    later = lossspike("evaluate", "--database", str(db), "--now", "2026-11-30T12:01:00+00:00")
+    assert later.returncode == 0 and "hero-up" in later.stdout and "spiking" in later.stdout
+    with duckdb.connect(str(db), read_only=True) as connection:
+        counts = connection.execute(
+            "SELECT evaluated_at, count(*) FROM loss_spike_alerts GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert [n for _, n in counts] == [2, 2]
+
+
+def test_thresholds_from_flags_and_environment(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", spiking_fleet())
+    args = ("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write")
+    quiet = lossspike(*args, "--min-rise", "5")
+    assert [r["reason"] for r in json.loads(quiet.stdout)] == ["healthy", "healthy"]
+    env_quiet = lossspike(*args, env={"LOSSSPIKE_MIN_RISE": "5"})
+    assert [r["reason"] for r in json.loads(env_quiet.stdout)] == ["healthy", "healthy"]
+    flag_wins = lossspike(*args, "--min-rise", "0.05", env={"LOSSSPIKE_MIN_RISE": "5"})
+    assert [r["reason"] for r in json.loads(flag_wins.stdout)] == ["healthy", "spiking"]
+    only = lossspike(*args, "--run-ids", "hero-flat")
+    assert [r["run"] for r in json.loads(only.stdout)] == ["hero-flat"]
+
+
+def test_default_database_from_environment(tmp_path):
+    write_database(tmp_path / "lossspike.duckdb", spiking_fleet())
+    result = lossspike("evaluate", "--now", NOW_TEXT, "--no-write", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "hero-up" in result.stdout and "spiking" in result.stdout
+    other = tmp_path / "sub"
+    other.mkdir()
+    result = lossspike(
+        "evaluate",
+        "--now",
+        NOW_TEXT,
+        "--no-write",
+        cwd=other,
+        env={"LOSSSPIKE_DATABASE": str(tmp_path / "lossspike.duckdb")},
+    )
+    assert result.returncode == 0 and "hero-up" in result.stdout
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bad_input_one_line_errors(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", spiking_fleet())
+    _one_line_error(
+        lossspike("evaluate", "--database", str(tmp_path / "missing.duckdb")), "not found", "missing.duckdb"
+    )
+    _one_line_error(lossspike("evaluate", "--database", str(db), "--now", "last tuesday"), "--now", "RFC 3339")
+    _one_line_error(lossspike("evaluate", "--database", str(db), "--now", "2026-11-30T12:00:00"), "offset")
+    _one_line_error(lossspike("evaluate", "--database", str(db), "--frobnicate"), "--frobnicate")
+    _one_line_error(lossspike("evaluate", "--database", str(db), "--sigma", "-2"), "--sigma", ">= 0")
+    _one_line_error(lossspike("evaluate", "--database", str(db), "--min-recent-samples", "0"), "--min-recent-samples")
+    _one_line_error(lossspike("evaluate", "--database", str(db), "--reference", "median"), "mean, floor")
+    _one_line_error(
+        lossspike("evaluate", "--database", str(db), "--recent-minutes", "90"), "--recent-minutes", "baseline_minutes"
+    )
+    _one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGMA": "lots"}), "LOSSSPIKE_SIGMA")
+    _one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGAM": "6"}), "LOSSSPIKE_SIGAM")
+    _one_line_error(
+        lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_TELEMETRY_TABLE": "x;drop"}),
+        "LOSSSPIKE_TELEMETRY_TABLE",
+        "invalid table name",
+    )
+    _one_line_error(lossspike("frobnicate"), "frobnicate")
+
+
+def test_missing_table_and_column_are_named(tmp_path):
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    _one_line_error(lossspike("evaluate", "--database", str(empty), "--now", NOW_TEXT), "telemetry", "not found")
+    partial = tmp_path / "partial.duckdb"
+    with duckdb.connect(str(partial)) as connection:
+        connection.execute(
+            "CREATE TABLE telemetry (timestamp TIMESTAMPTZ, service VARCHAR, name VARCHAR, run_id VARCHAR)"
+        )
+    _one_line_error(
+        lossspike("evaluate", "--database", str(partial), "--now", NOW_TEXT), "value", "cluster", "execution_uid"
+    )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", None, "-7.5", "1e30"])
+def test_odd_values_never_crash(tmp_path, value):
+    number = None if value is None else float(value)
+    samples = spiking_fleet() + [Sample(NOW - timedelta(seconds=3), number, "hero-flat")]
+    db = write_database(tmp_path / "t.duckdb", samples)
+    result = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write")
+    assert result.returncode == 0, result.stderr
+    flat = next(r for r in json.loads(result.stdout) if r["run"] == "hero-flat")
+    want = {
+        "nan": "not_finite",
+        "inf": "not_finite",
+        "-inf": "not_finite",
+        None: "healthy",
+        "-7.5": "healthy",
+        "1e30": "healthy",
+    }[value]
+    assert flat["reason"] == want
+
+
+def test_sql_command_prints_query_and_parameters():
+    result = lossspike("sql", "--dialect", "bigquery", "--now", NOW_TEXT, "--table", "p.d.telemetry")
+    assert result.returncode == 0, result.stderr
+    assert "`p.d.telemetry`" in result.stdout and "@baseline_start" in result.stdout
+    assert '"baseline_start": "2026-11-30T11:00:00Z"' in result.stdout
+    duck = lossspike("sql", "--dialect", "duckdb", "--now", NOW_TEXT)
+    assert "$recent_start" in duck.stdout
+
+
+def test_demo_shows_every_reason(tmp_path):
+    result = lossspike("demo", "--now", NOW_TEXT, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for reason in ("warming_up", "not_finite", "spiking", "healthy"):
+        assert reason in result.stdout
+    assert "ablation-lr-sweep" in result.stdout  # explained as not watched
+    assert (tmp_path / "lossspike-demo.duckdb").is_file()
+    again = lossspike(
+        "evaluate",
+        "--database",
+        "lossspike-demo.duckdb",
+        "--now",
+        NOW_TEXT,
+        "--format",
+        "json",
+        "--no-write",
+        cwd=tmp_path,
+    )
+    reasons = {r["run"]: r["reason"] for r in json.loads(again.stdout)}
+    assert reasons == {
+        "hero-llama-8b": "healthy",
+        "hero-mixtral": "healthy",
+        "hero-qwen-32b": "spiking",
+        "hero-gemma-2b": "not_finite",
+        "hero-olmo-1b": "warming_up",
+    }
+
+
+def test_console_script_installed():
+    script = Path(sys.executable).parent / "lossspike"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "evaluate" in result.stdout
