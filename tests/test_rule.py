@@ -229,3 +229,27 @@ def _sel(**kw):
 def test_no_enrolled_run_gives_fleet_row():
     rows = evaluate_samples(run_samples(recent(2.0), "ablation"))
     assert [(r["cluster"], r["run"], r["reason"], r["value"]) for r in rows] == [("fleet", "", "healthy", 0)]
+
+
+@pytest.mark.parametrize(
+    ("recent_values", "expected"),
+    [
+        ([2.01, 2.00, 9.50, 2.02, 1.99], "healthy"),
+        ([2.31, 2.29, 2.30, 2.33, 2.32], "spiking"),
+        ([2.06, 2.07, 2.08, 2.06, 2.09], "healthy"),
+        ([2.01, NAN], "not_finite"),
+        ([2.31, 2.29, 2.30, 2.33], "warming_up"),
+    ],
+)
+def test_readme_worked_example(recent_values, expected):
+    finite = [v for v in recent_values if math.isfinite(v)]
+    w = windows(
+        baseline_samples=40,
+        baseline_mean=2.0,
+        baseline_stddev=0.01,
+        recent_samples=len(recent_values),
+        recent_not_finite=len(recent_values) - len(finite),
+        recent_floor=min(finite),
+    )
+    assert band(w, T) == 2.06
+    assert loss_spike_reason(w, T)[0] == expected

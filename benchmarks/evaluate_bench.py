@@ -1,0 +1,136 @@
+"""How close `lossspike evaluate` comes to the engine's floor on a realistic fleet.
+
+Builds 1,000 hero runs at 1 Hz for 3 hours of train_loss and grad_norm plus
+200 non-hero runs of train_loss (about 24 M rows) in a DuckDB file, then times,
+each as a whole process:
+
+- `lossspike evaluate ... --format json --no-write` (the product), and
+- a bare DuckDB aggregate computing the same statistics over the same rows
+  (the floor on this engine: Python + DuckDB with nothing of ours),
+
+and prints their medians, the ratio (target <= 1.3) and the evaluate process's
+peak RSS (target <= 300 MiB).
+
+    python benchmarks/evaluate_bench.py [--runs 1000] [--hours 3] [--repeat 5] [--keep PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+RATIO_TARGET = 1.3
+RSS_TARGET_MIB = 300
+
+# The same statistics the product computes, written by hand with literal bounds:
+# what anyone would write against this table without lossspike.
+FLOOR_SQL = """
+SELECT COALESCE(NULLIF(cluster, ''), 'unknown') AS c, run_id,
+  arg_max(NULLIF(job_id, ''), CASE WHEN job_id <> '' THEN timestamp END) AS job,
+  count(*) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)) AS bn,
+  avg(value) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)) AS bm,
+  stddev_samp(value) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)),
+  min(value) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)),
+  count(*) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}') AS rn,
+  count(*) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND NOT isfinite(value)),
+  avg(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
+  min(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
+  max(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value))
+FROM telemetry
+WHERE timestamp >= TIMESTAMPTZ '{start}' AND timestamp < TIMESTAMPTZ '{now}'
+  AND service = 'levanter' AND value IS NOT NULL AND run_id LIKE 'hero-%'
+GROUP BY 1, 2
+"""
+
+
+def build(path: Path, runs: int, hours: int) -> int:
+    """Write the fleet in time order, as a loader appending live telemetry would."""
+    seconds = hours * 3600
+    others = runs // 5
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            """CREATE TABLE telemetry (timestamp TIMESTAMPTZ, service VARCHAR, name VARCHAR, value DOUBLE,
+               cluster VARCHAR, run_id VARCHAR, job_id VARCHAR, execution_uid VARCHAR)"""
+        )
+        con.execute(
+            f"""
+            INSERT INTO telemetry
+            SELECT TIMESTAMPTZ '{NOW.isoformat()}' - INTERVAL (({seconds} - s) * 1000000) MICROSECOND,
+                   'levanter', m.name,
+                   CASE WHEN m.name = 'grad_norm' THEN 1.0 + random() * 0.1
+                        -- every 50th hero run diverges for its last 4 minutes
+                        WHEN r % 50 = 7 AND s > {seconds} - 240 THEN 3.5 + random() * 0.01
+                        ELSE 2.0 + 0.5 * exp(-s / 3600.0) + random() * 0.02 END,
+                   'cluster-' || (r % 4),
+                   CASE WHEN r < {runs} THEN 'hero-' ELSE 'ablation-' END || r,
+                   'job-' || r, 'attempt-' || r
+            FROM range({seconds}) t(s), range({runs + others}) u(r),
+                 (VALUES ('train_loss'), ('grad_norm')) m(name)
+            WHERE m.name = 'train_loss' OR r < {runs}
+            ORDER BY s
+            """
+        )
+        (count,) = con.execute("SELECT count(*) FROM telemetry").fetchone()
+    return count
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}: {proc.stderr.read().decode()}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--hours", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--keep", type=Path, help="reuse or keep the database at this path")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / "bench.duckdb"
+        if not path.exists():
+            started = time.perf_counter()
+            rows = build(path, args.runs, args.hours)
+            print(f"built {rows:,} rows in {time.perf_counter() - started:.1f} s ({path.stat().st_size / 2**20:.0f} MiB)")
+        now = NOW.isoformat()
+        product = [sys.executable, "-m", "lossspike.cli", "evaluate", "--database", str(path), "--now", now,
+                   "--format", "json", "--no-write"]
+        floor_sql = FLOOR_SQL.format(start="2026-11-30 11:00:00+00", recent="2026-11-30 11:55:00+00", now=now)
+        floor = [sys.executable, "-c",
+                 "import duckdb, sys; duckdb.connect(sys.argv[1], read_only=True).sql(sys.argv[2]).fetchall()",
+                 str(path), floor_sql]
+        timed(product)  # warm the page cache for both
+        samples = {"evaluate": [], "floor": []}
+        rss = []
+        for _ in range(args.repeat):
+            for name, cmd in (("evaluate", product), ("floor", floor)):
+                seconds, peak = timed(cmd)
+                samples[name].append(seconds)
+                if name == "evaluate":
+                    rss.append(peak)
+        ours, base = statistics.median(samples["evaluate"]), statistics.median(samples["floor"])
+        print(f"lossspike evaluate (whole process), median of {args.repeat}: {ours:.3f} s")
+        print(f"bare DuckDB aggregate (whole process), median of {args.repeat}: {base:.3f} s")
+        print(f"ratio to floor: {ours / base:.2f} (target <= {RATIO_TARGET})")
+        print(f"evaluate peak RSS: {max(rss):.0f} MiB (target <= {RSS_TARGET_MIB} MiB)")
+
+
+if __name__ == "__main__":
+    main()

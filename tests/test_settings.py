@@ -1,0 +1,103 @@
+"""Configuration: every LOSSSPIKE_* variable parsed, validated, documented."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import REPO
+
+from lossspike.rule import Thresholds
+from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
+from lossspike.sql import Selection
+
+
+def test_defaults_are_the_spec():
+    settings = load_settings({})
+    assert settings == Settings()
+    assert settings.thresholds == Thresholds(60, 5, 6.0, 0.05, 20, 5, "mean")
+    assert settings.selection == Selection("levanter", "train_loss", "hero-%", (), ())
+    assert not settings.monitoring_enabled
+
+
+def test_every_variable_is_read():
+    env = {
+        "LOSSSPIKE_BACKEND": "bigquery",
+        "LOSSSPIKE_PROJECT": "my-proj",
+        "LOSSSPIKE_LOCATION": "EU",
+        "LOSSSPIKE_TELEMETRY_TABLE": "my-proj.ds.telemetry",
+        "LOSSSPIKE_ALERTS_TABLE": "my-proj.ds.alerts",
+        "LOSSSPIKE_METRIC_PREFIX": "custom.googleapis.com/ml/",
+        "LOSSSPIKE_MAX_BYTES_BILLED": "1000000",
+        "LOSSSPIKE_MONITORING": "false",
+        "LOSSSPIKE_DATABASE": "x.duckdb",
+        "LOSSSPIKE_SERVICE": "lev",
+        "LOSSSPIKE_METRIC": "loss",
+        "LOSSSPIKE_RUN_PATTERN": "big-%",
+        "LOSSSPIKE_RUN_IDS": "a, b",
+        "LOSSSPIKE_EXECUTION_UIDS": "e1",
+        "LOSSSPIKE_BASELINE_MINUTES": "30",
+        "LOSSSPIKE_RECENT_MINUTES": "3",
+        "LOSSSPIKE_SIGMA": "4",
+        "LOSSSPIKE_MIN_RISE": "0.1",
+        "LOSSSPIKE_MIN_BASELINE_SAMPLES": "10",
+        "LOSSSPIKE_MIN_RECENT_SAMPLES": "2",
+        "LOSSSPIKE_REFERENCE": "floor",
+    }
+    assert set(env) == {o.env for o in OPTIONS}
+    s = load_settings(env)
+    assert (s.backend, s.project, s.location, s.metric_prefix, s.max_bytes_billed, s.monitoring_enabled) == (
+        "bigquery",
+        "my-proj",
+        "EU",
+        "custom.googleapis.com/ml",
+        1000000,
+        False,
+    )
+    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor")
+    assert s.selection == Selection("lev", "loss", "big-%", ("a", "b"), ("e1",))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        ("LOSSSPIKE_BACKEND", "postgres", "duckdb, bigquery"),
+        ("LOSSSPIKE_SIGMA", "six", "finite number >= 0"),
+        ("LOSSSPIKE_SIGMA", "inf", "finite number >= 0"),
+        ("LOSSSPIKE_MIN_RISE", "-0.1", "finite number >= 0"),
+        ("LOSSSPIKE_BASELINE_MINUTES", "0", "positive integer"),
+        ("LOSSSPIKE_RECENT_MINUTES", "2.5", "positive integer"),
+        ("LOSSSPIKE_RECENT_MINUTES", "60", "less than baseline_minutes"),
+        ("LOSSSPIKE_MIN_BASELINE_SAMPLES", "", "positive integer"),
+        ("LOSSSPIKE_MIN_RECENT_SAMPLES", "-1", "positive integer"),
+        ("LOSSSPIKE_REFERENCE", "median", "mean, floor"),
+        ("LOSSSPIKE_TELEMETRY_TABLE", "t`; DROP", "invalid table name"),
+        ("LOSSSPIKE_ALERTS_TABLE", "a b", "invalid table name"),
+        ("LOSSSPIKE_METRIC_PREFIX", "external.googleapis.com/x", "custom.googleapis.com/"),
+        ("LOSSSPIKE_MAX_BYTES_BILLED", "lots", "positive integer"),
+        ("LOSSSPIKE_MONITORING", "maybe", "true, false"),
+        ("LOSSSPIKE_RUN_IDS", "a,,b", "comma-separated"),
+        ("LOSSSPIKE_RUN_PATTERN", "  ", "must not be empty"),
+        ("LOSSSPIKE_SIGAM", "6", "unknown setting"),
+    ],
+)
+def test_bad_value_names_variable_and_accepted_values(name, value, accepted):
+    with pytest.raises(ConfigError) as error:
+        load_settings({name: value})
+    assert name in str(error.value) and accepted in str(error.value)
+
+
+def test_bigquery_needs_full_table_paths():
+    with pytest.raises(ConfigError, match="LOSSSPIKE_TELEMETRY_TABLE.*project.dataset.table"):
+        load_settings({"LOSSSPIKE_BACKEND": "bigquery", "LOSSSPIKE_ALERTS_TABLE": "p.d.a"})
+
+
+def test_readme_documents_every_setting_with_its_default():
+    readme = (REPO / "README.md").read_text()
+    for option in OPTIONS:
+        match = re.search(rf"^\| `{option.env}` \| ([^|]+) \|", readme, flags=re.MULTILINE)
+        assert match, f"{option.env} missing from README's configuration table"
+        documented = match.group(1).strip()
+        default = default_text(option.key)
+        if default not in ("", "auto"):
+            assert f"`{default}`" == documented, (option.env, documented, default)

@@ -1,0 +1,368 @@
+"""The Terraform module, checked offline: fmt, init, validate, plan, and checkov.
+
+Terraform 1.0.3 and checkov come from ``tools/terraform/setup.sh``; the google and archive
+providers are plan-only stand-ins serving the real provider schema. The module is planned once
+per session (in a copy of the repository files it packages) and the plan JSON is asserted on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODULE = REPO / "terraform"
+TOOLS = Path(os.environ.get("LOSSSPIKE_TOOLS", REPO / ".tools")) / "iac"
+TERRAFORM = TOOLS / "bin" / "terraform"
+CHECKOV = TOOLS / "bin" / "checkov"
+CLI_CONFIG = TOOLS / "terraformrc"
+
+PROJECT = "example-project"
+CHANNEL = f"projects/{PROJECT}/notificationChannels/1234567890"
+EXAMPLE_VARS = {
+    "project_id": PROJECT,
+    "region": "us-central1",
+    "telemetry_table": f"{PROJECT}.lossspike.telemetry",
+    "create_telemetry_table": True,
+    "notification_channels": [CHANNEL],
+    "run_ids": ["hero-a", "hero-b"],
+    "alerts_retention_days": 30,
+}
+
+# Every role the module may grant, and to whom (resource address -> (role, service account)).
+EXPECTED_BINDINGS = {
+    "google_bigquery_table_iam_member.telemetry_viewer[0]": ("roles/bigquery.dataViewer", "function"),
+    "google_bigquery_table_iam_member.alerts_editor": ("roles/bigquery.dataEditor", "function"),
+    "google_project_iam_member.function_job_user": ("roles/bigquery.jobUser", "function"),
+    "google_project_iam_member.function_metric_writer": ("roles/monitoring.metricWriter", "function"),
+    "google_cloud_run_service_iam_member.invoker": ("roles/run.invoker", "invoker"),
+}
+FUNCTION_URL = "google_cloudfunctions2_function.evaluator.service_config[0].uri"
+SOURCE_FILES = ["main.py", "requirements.txt", "lossspike/alerts_schema.json"]
+
+
+def _require_tools() -> None:
+    missing = [str(p) for p in (TERRAFORM, CHECKOV, CLI_CONFIG) if not p.exists()]
+    if missing:
+        pytest.fail(
+            "offline Terraform toolchain missing (" + ", ".join(missing) + "): run "
+            f"`bash tools/terraform/setup.sh {TOOLS}` (or set LOSSSPIKE_TOOLS to the folder holding iac/)",
+            pytrace=False,
+        )
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env.update(TF_CLI_CONFIG_FILE=str(CLI_CONFIG), TF_IN_AUTOMATION="1", TF_INPUT="0", CHECKPOINT_DISABLE="1")
+    return env
+
+
+def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"`{' '.join(args)}` exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}", pytrace=False)
+    return proc
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    """A copy of the module and the files it packages, so init and plan write nothing in the repo."""
+    _require_tools()
+    missing = [f for f in SOURCE_FILES if not (REPO / f).is_file()]
+    if missing:
+        pytest.fail(f"the module packages files that do not exist: {missing}", pytrace=False)
+    root = tmp_path_factory.mktemp("tf")
+    ignore = shutil.ignore_patterns(".terraform*", "*.tfstate*", "*.tfplan", "__pycache__", "*.pyc")
+    shutil.copytree(MODULE, root / "terraform", ignore=ignore)
+    shutil.copytree(REPO / "lossspike", root / "lossspike", ignore=ignore)
+    for name in ("main.py", "requirements.txt"):
+        shutil.copy2(REPO / name, root / name)
+    tf_dir = root / "terraform"
+    (tf_dir / "example.tfvars.json").write_text(json.dumps(EXAMPLE_VARS))
+    _run([str(TERRAFORM), "init", "-backend=false", "-input=false", "-no-color"], tf_dir)
+    return tf_dir
+
+
+@pytest.fixture(scope="session")
+def plan(workdir: Path) -> dict:
+    _run([str(TERRAFORM), "validate", "-no-color"], workdir)
+    _run(
+        [
+            str(TERRAFORM),
+            "plan",
+            "-refresh=false",
+            "-input=false",
+            "-no-color",
+            "-lock=false",
+            "-var-file=example.tfvars.json",
+            "-out=example.tfplan",
+        ],
+        workdir,
+    )
+    return json.loads(_run([str(TERRAFORM), "show", "-json", "example.tfplan"], workdir).stdout)
+
+
+def _after(plan: dict, address: str) -> dict:
+    for rc in plan["resource_changes"]:
+        if rc["address"] == address:
+            assert rc["change"]["actions"] == ["create"], address
+            return rc["change"]["after"]
+    raise AssertionError(f"{address} is not in the plan")
+
+
+def _unknown(plan: dict, address: str) -> dict:
+    return next(rc["change"]["after_unknown"] for rc in plan["resource_changes"] if rc["address"] == address)
+
+
+def _config(plan: dict, address: str) -> dict:
+    for res in plan["configuration"]["root_module"]["resources"]:
+        if res["address"] == address.split("[")[0]:
+            return res
+    raise AssertionError(f"{address} is not in the configuration")
+
+
+def _refs(expr: dict) -> list[str]:
+    return expr.get("references", [])
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fmt() -> None:
+    _require_tools()
+    proc = subprocess.run(
+        [str(TERRAFORM), "fmt", "-check", "-recursive", "-diff", "-no-color", str(MODULE)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"run `terraform fmt -recursive terraform`:\n{proc.stdout}{proc.stderr}"
+
+
+def test_plan_creates_the_whole_stack(plan: dict) -> None:
+    types = {rc["type"] for rc in plan["resource_changes"]}
+    assert {
+        "google_project_service",
+        "google_service_account",
+        "google_storage_bucket",
+        "google_storage_bucket_object",
+        "google_cloudfunctions2_function",
+        "google_cloud_scheduler_job",
+        "google_bigquery_dataset",
+        "google_bigquery_table",
+        "google_monitoring_metric_descriptor",
+        "google_monitoring_alert_policy",
+    } <= types
+    assert all(rc["change"]["actions"] == ["create"] for rc in plan["resource_changes"])
+
+
+def test_scheduler_calls_the_function_with_an_oidc_token(plan: dict) -> None:
+    job = _after(plan, "google_cloud_scheduler_job.tick")
+    assert job["schedule"] == "* * * * *"
+    assert job["time_zone"] == "Etc/UTC"
+    assert job["http_target"][0]["http_method"] == "POST"
+    assert job["retry_config"][0]["retry_count"] >= 1
+    # The URL is unknown until the function exists: check the expressions instead.
+    target = _config(plan, "google_cloud_scheduler_job.tick")["expressions"]["http_target"][0]
+    assert FUNCTION_URL in _refs(target["uri"])
+    oidc = target["oidc_token"][0]
+    assert FUNCTION_URL in _refs(oidc["audience"])
+    assert "google_service_account.invoker.email" in _refs(oidc["service_account_email"])
+    unknown = _unknown(plan, "google_cloud_scheduler_job.tick")["http_target"][0]
+    assert unknown["uri"] is True and unknown["oidc_token"][0]["audience"] is True
+
+    function = _after(plan, "google_cloudfunctions2_function.evaluator")["service_config"][0]
+    deadline = int(job["attempt_deadline"].rstrip("s"))
+    assert function["timeout_seconds"] < deadline
+
+
+def test_function_is_private_and_single_instance(plan: dict) -> None:
+    fn = _after(plan, "google_cloudfunctions2_function.evaluator")
+    build, service = fn["build_config"][0], fn["service_config"][0]
+    assert re.fullmatch(r"python3\d+", build["runtime"])
+    assert build["entry_point"] == "evaluate"
+    assert service["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
+    assert service["max_instance_count"] == 1
+    assert service["available_memory"] == "256M"
+    assert service["timeout_seconds"] == 50
+    assert service["all_traffic_on_latest_revision"] is True
+    expr = _config(plan, "google_cloudfunctions2_function.evaluator")["expressions"]["service_config"][0]
+    assert "google_service_account.function.email" in _refs(expr["service_account_email"])
+    storage = _config(plan, "google_cloudfunctions2_function.evaluator")["expressions"]["build_config"][0]
+    assert "google_storage_bucket_object.source.name" in _refs(storage["source"][0]["storage_source"][0]["object"])
+
+
+def test_function_environment(plan: dict) -> None:
+    env = _after(plan, "google_cloudfunctions2_function.evaluator")["service_config"][0]["environment_variables"]
+    names = plan["planned_values"]["outputs"]["function_environment_variable_names"]["value"]
+    assert sorted(env) == names
+    assert all(n.startswith("LOSSSPIKE_") for n in names)
+    assert env["LOSSSPIKE_BACKEND"] == "bigquery"
+    assert env["LOSSSPIKE_PROJECT"] == PROJECT
+    assert env["LOSSSPIKE_TELEMETRY_TABLE"] == EXAMPLE_VARS["telemetry_table"]
+    assert env["LOSSSPIKE_ALERTS_TABLE"] == f"{PROJECT}.lossspike.loss_spike_alerts"
+    assert env["LOSSSPIKE_RUN_IDS"] == "hero-a,hero-b"
+    assert env["LOSSSPIKE_RUN_PATTERN"] == "hero-%"
+    assert env["LOSSSPIKE_REFERENCE"] == "mean"
+    assert env["LOSSSPIKE_METRIC_PREFIX"] == "custom.googleapis.com/lossspike"
+    assert float(env["LOSSSPIKE_SIGMA"]) == 6.0 and float(env["LOSSSPIKE_MIN_RISE"]) == 0.05
+    for name in (
+        "LOSSSPIKE_BASELINE_MINUTES",
+        "LOSSSPIKE_RECENT_MINUTES",
+        "LOSSSPIKE_MIN_BASELINE_SAMPLES",
+        "LOSSSPIKE_MIN_RECENT_SAMPLES",
+        "LOSSSPIKE_MAX_BYTES_BILLED",
+    ):
+        assert re.fullmatch(r"\d+", env[name]), (name, env[name])
+
+
+def test_iam_is_least_privilege(plan: dict) -> None:
+    bindings = {
+        rc["address"]: rc for rc in plan["resource_changes"] if re.search(r"_iam_(member|binding|policy)$", rc["type"])
+    }
+    assert set(bindings) == set(EXPECTED_BINDINGS)
+    for address, rc in bindings.items():
+        assert rc["type"].endswith("_iam_member"), f"{address}: only additive members, never authoritative"
+        role, account = EXPECTED_BINDINGS[address]
+        after = rc["change"]["after"]
+        assert after["role"] == role, address
+        assert after["role"] not in ("roles/owner", "roles/editor", "roles/viewer")
+        member = after.get("member")
+        assert member not in ("allUsers", "allAuthenticatedUsers")
+        expr = _config(plan, address)["expressions"]["member"]
+        assert f"google_service_account.{account}.email" in _refs(expr), address
+    # Table-level grants on exactly the right tables, run.invoker on this function only.
+    alerts = _config(plan, "google_bigquery_table_iam_member.alerts_editor")["expressions"]
+    assert "google_bigquery_table.alerts.table_id" in _refs(alerts["table_id"])
+    telemetry = _after(plan, "google_bigquery_table_iam_member.telemetry_viewer[0]")
+    assert (telemetry["project"], telemetry["dataset_id"], telemetry["table_id"]) == (PROJECT, "lossspike", "telemetry")
+    invoker = _config(plan, "google_cloud_run_service_iam_member.invoker")["expressions"]
+    assert "google_cloudfunctions2_function.evaluator.name" in _refs(invoker["service"])
+
+
+def test_services_stay_enabled_on_destroy(plan: dict) -> None:
+    services = [rc for rc in plan["resource_changes"] if rc["type"] == "google_project_service"]
+    assert {rc["change"]["after"]["service"] for rc in services} >= {
+        "cloudfunctions.googleapis.com",
+        "run.googleapis.com",
+        "cloudscheduler.googleapis.com",
+        "bigquery.googleapis.com",
+        "monitoring.googleapis.com",
+        "cloudbuild.googleapis.com",
+    }
+    assert all(rc["change"]["after"]["disable_on_destroy"] is False for rc in services)
+
+
+def test_source_bucket_and_object(plan: dict) -> None:
+    bucket = _after(plan, "google_storage_bucket.source")
+    assert bucket["public_access_prevention"] == "enforced"
+    assert bucket["uniform_bucket_level_access"] is True
+    assert bucket["versioning"] == [{"enabled": True}]
+    obj = _after(plan, "google_storage_bucket_object.source")
+    assert re.fullmatch(r"lossspike-[0-9a-f]{32}\.zip", obj["name"])
+
+
+def test_source_zip_holds_the_function(plan: dict, workdir: Path) -> None:
+    import zipfile
+
+    obj = _after(plan, "google_storage_bucket_object.source")
+    path = Path(obj["source"])
+    path = path if path.is_absolute() else workdir / path
+    names = set(zipfile.ZipFile(path).namelist())
+    assert {"main.py", "requirements.txt", "lossspike/__init__.py", "lossspike/alerts_schema.json"} <= names
+    assert not any("__pycache__" in n or n.startswith(("tests/", "terraform/")) for n in names)
+
+
+def test_alert_table_layout(plan: dict) -> None:
+    table = _after(plan, "google_bigquery_table.alerts")
+    assert table["table_id"] == "loss_spike_alerts"
+    part = table["time_partitioning"][0]
+    assert (part["type"], part["field"]) == ("DAY", "evaluated_at")
+    assert part["expiration_ms"] == EXAMPLE_VARS["alerts_retention_days"] * 86_400_000
+    assert table["clustering"][:2] == ["cluster", "run"]
+    assert table["deletion_protection"] is True
+    assert json.loads(table["schema"]) == json.loads((REPO / "lossspike" / "alerts_schema.json").read_text())
+
+    view = _after(plan, "google_bigquery_table.latest")
+    assert view["table_id"] == "loss_spike_latest"
+    query = view["view"][0]["query"]
+    assert view["view"][0]["use_legacy_sql"] is False
+    assert f"`{PROJECT}.lossspike.loss_spike_alerts`" in query
+    assert re.search(r"WHERE evaluated_at >= TIMESTAMP_SUB\(CURRENT_TIMESTAMP\(\), INTERVAL \d+ HOUR\)", query)
+    assert "PARTITION BY cluster, run ORDER BY evaluated_at DESC" in query
+
+
+def test_optional_telemetry_table(plan: dict) -> None:
+    table = _after(plan, "google_bigquery_table.telemetry[0]")
+    part = table["time_partitioning"][0]
+    assert (part["type"], part["field"]) == ("DAY", "timestamp")
+    assert table["clustering"] == ["name", "run_id"]
+    columns = {c["name"]: (c["type"], c["mode"]) for c in json.loads(table["schema"])}
+    assert columns == {
+        "timestamp": ("TIMESTAMP", "REQUIRED"),
+        "service": ("STRING", "NULLABLE"),
+        "name": ("STRING", "NULLABLE"),
+        "value": ("FLOAT64", "NULLABLE"),
+        "cluster": ("STRING", "NULLABLE"),
+        "run_id": ("STRING", "NULLABLE"),
+        "job_id": ("STRING", "NULLABLE"),
+        "execution_uid": ("STRING", "NULLABLE"),
+    }
+
+
+def test_monitoring(plan: dict) -> None:
+    alert = _after(plan, "google_monitoring_metric_descriptor.alert")
+    assert alert["type"] == "custom.googleapis.com/lossspike/alert"
+    assert (alert["metric_kind"], alert["value_type"]) == ("GAUGE", "INT64")
+    assert {label["key"] for label in alert["labels"]} == {"cluster", "job", "run", "reason"}
+    beat = _after(plan, "google_monitoring_metric_descriptor.runs_watched")
+    assert beat["type"] == "custom.googleapis.com/lossspike/runs_watched"
+    assert (beat["metric_kind"], beat["value_type"]) == ("GAUGE", "INT64")
+
+    spike = _after(plan, "google_monitoring_alert_policy.loss_spike")
+    assert spike["notification_channels"] == [CHANNEL]
+    cond = spike["conditions"][0]["condition_threshold"][0]
+    assert alert["type"] in cond["filter"]
+    assert (cond["comparison"], cond["threshold_value"]) == ("COMPARISON_GT", 0.5)
+    assert {"metric.label.run", "metric.label.reason"} <= set(cond["aggregations"][0]["group_by_fields"])
+    assert spike["alert_strategy"][0]["auto_close"]
+
+    heartbeat = _after(plan, "google_monitoring_alert_policy.heartbeat")
+    assert heartbeat["notification_channels"] == [CHANNEL]
+    absent = heartbeat["conditions"][0]["condition_absent"][0]
+    assert beat["type"] in absent["filter"]
+    assert absent["duration"] == "300s"
+
+    assert (
+        "google_monitoring_metric_descriptor.alert"
+        in _config(plan, "google_monitoring_alert_policy.loss_spike")["depends_on"]
+    )
+    assert (
+        "google_monitoring_metric_descriptor.runs_watched"
+        in _config(plan, "google_monitoring_alert_policy.heartbeat")["depends_on"]
+    )
+
+
+def test_checkov_passes_and_skips_are_documented() -> None:
+    _require_tools()
+    proc = subprocess.run(
+        [str(CHECKOV), "-d", str(MODULE), "--framework", "terraform", "--skip-download", "--compact", "--quiet"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"checkov found failures:\n{proc.stdout}{proc.stderr}"
+    readme = (MODULE / "README.md").read_text()
+    skips = set()
+    for tf in MODULE.glob("*.tf"):
+        skips.update(re.findall(r"#checkov:skip=(CKV\w*_\d+):", tf.read_text()))
+    undocumented = sorted(s for s in skips if s not in readme)
+    assert not undocumented, f"checkov skips missing from terraform/README.md: {undocumented}"
