@@ -108,14 +108,31 @@ def main() -> None:
         if not path.exists():
             started = time.perf_counter()
             rows = build(path, args.runs, args.hours)
-            print(f"built {rows:,} rows in {time.perf_counter() - started:.1f} s ({path.stat().st_size / 2**20:.0f} MiB)")
+            print(
+                f"built {rows:,} rows in {time.perf_counter() - started:.1f} s ({path.stat().st_size / 2**20:.0f} MiB)"
+            )
         now = NOW.isoformat()
-        product = [sys.executable, "-m", "lossspike.cli", "evaluate", "--database", str(path), "--now", now,
-                   "--format", "json", "--no-write"]
+        product = [
+            sys.executable,
+            "-m",
+            "lossspike.cli",
+            "evaluate",
+            "--database",
+            str(path),
+            "--now",
+            now,
+            "--format",
+            "json",
+            "--no-write",
+        ]
         floor_sql = FLOOR_SQL.format(start="2026-11-30 11:00:00+00", recent="2026-11-30 11:55:00+00", now=now)
-        floor = [sys.executable, "-c",
-                 "import duckdb, sys; duckdb.connect(sys.argv[1], read_only=True).sql(sys.argv[2]).fetchall()",
-                 str(path), floor_sql]
+        floor = [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; duckdb.connect(sys.argv[1], read_only=True).sql(sys.argv[2]).fetchall()",
+            str(path),
+            floor_sql,
+        ]
         timed(product)  # warm the page cache for both
         samples = {"evaluate": [], "floor": []}
         rss = []

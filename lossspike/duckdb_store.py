@@ -29,7 +29,8 @@ class DuckDBStore:
         read_only: bool = False,
     ) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
+        # ":memory:" is for tests and benchmarks that load telemetry through `connection`.
+        if str(path) != ":memory:" and not self.path.is_file():
             raise StoreError(f"database file not found: {self.path}")
         self.telemetry_table = telemetry_table
         self.alerts_table = alerts_table
