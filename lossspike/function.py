@@ -1,0 +1,93 @@
+"""The HTTP adapter: a Cloud Scheduler request in, a tick, JSON out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from lossspike.settings import Settings
+from lossspike.tick import Sink, TickResult, run_tick
+from lossspike.times import parse_rfc3339, wall_clock
+
+SCHEDULE_HEADER = "X-CloudScheduler-ScheduleTime"
+# Scheduler sends POST; GET lets an engineer with invoker rights curl a tick.
+METHODS = ("POST", "GET")
+
+
+class BadRequest(ValueError):
+    """A request the function refuses, with the one-line reason and HTTP status."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def tick_time(method: str, headers: Any) -> datetime:
+    """The tick's evaluation time: Scheduler's scheduled time, else the wall clock."""
+    if method not in METHODS:
+        raise BadRequest(f"method {method} not allowed; use POST", 405)
+    header = headers.get(SCHEDULE_HEADER)
+    if header is None:
+        return wall_clock()
+    try:
+        return parse_rfc3339(header)
+    except ValueError as error:
+        raise BadRequest(f"bad {SCHEDULE_HEADER} header: {error}") from None
+
+
+@dataclass
+class Backend:
+    """The source of the tick's query and the sinks of its rows, built once per instance."""
+
+    source: Any
+    sinks: dict[str, Sink]
+    closer: Any = None
+
+
+def preload(settings: Settings) -> None:
+    """Import what this instance's ticks need now, at cold start, not in the first tick."""
+    import importlib
+
+    modules = ["lossspike.bigquery_store" if settings.backend == "bigquery" else "lossspike.duckdb_store"]
+    if settings.monitoring_enabled:
+        modules.append("lossspike.monitoring")
+    for module in modules:
+        importlib.import_module(module)
+
+
+def bigquery_backend(settings: Settings) -> Backend:
+    from lossspike.bigquery_store import BigQueryStore
+
+    store = BigQueryStore(settings)
+    sinks: dict[str, Sink] = {"alerts_table": lambda rows: {"rows": store.write_alerts(rows)}}
+    _add_monitoring(settings, sinks)
+    return Backend(store, sinks)
+
+
+def duckdb_backend(settings: Settings) -> Backend:
+    from lossspike.duckdb_store import DuckDBStore
+
+    store = DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table)
+    sinks: dict[str, Sink] = {"alerts_table": lambda rows: {"rows": store.write_alerts(rows)}}
+    _add_monitoring(settings, sinks)
+    return Backend(store, sinks, store.close)
+
+
+def _add_monitoring(settings: Settings, sinks: dict[str, Sink]) -> None:
+    if not settings.monitoring_enabled:
+        return
+    from lossspike.monitoring import MonitoringSink
+
+    sink = MonitoringSink(settings)
+    sinks["monitoring"] = lambda rows: sink.write(rows, rows[0]["evaluated_at"])
+
+
+def handle(method: str, headers: Any, settings: Settings, backend: Backend) -> tuple[int, TickResult | None, str]:
+    """Run a tick for one request: (HTTP status, result, one-line reason for a refusal)."""
+    try:
+        now = tick_time(method, headers)
+    except BadRequest as error:
+        return error.status, None, str(error)
+    result = run_tick(backend.source, backend.sinks, settings, now)
+    return (200 if result.ok else 500), result, ""

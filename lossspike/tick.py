@@ -1,0 +1,119 @@
+"""One scheduled tick: evaluate, write every sink, report what happened.
+
+The sinks are independent: a failing alerts table does not keep the metrics
+from Cloud Monitoring, nor the other way round. Any failure makes the tick
+report failure so that Cloud Scheduler retries it; the retry reproduces the
+same verdict (same scheduled time) and writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TextIO
+
+from lossspike.evaluate import Source, evaluate
+from lossspike.render import jsonable
+from lossspike.rule import FLEET_CLUSTER, REASONS
+from lossspike.settings import Settings
+from lossspike.times import format_rfc3339
+
+# A sink takes the tick's rows and returns what it did, for the response and the log.
+Sink = Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+
+@dataclass
+class TickResult:
+    """What a tick returns to Scheduler and writes to the log."""
+
+    evaluated_at: datetime
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+    query: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(s.get("ok") for s in self.sinks.values())
+
+    @property
+    def runs_watched(self) -> int:
+        return sum(1 for r in self.rows if not (r["cluster"] == FLEET_CLUSTER and r["run"] == ""))
+
+    def counts(self) -> dict[str, int]:
+        found = Counter(r["reason"] for r in self.rows if not (r["cluster"] == FLEET_CLUSTER and r["run"] == ""))
+        return {reason: found.get(reason, 0) for reason in REASONS}
+
+    def body(self) -> dict[str, Any]:
+        """The HTTP response: rows, time, counts and every sink's outcome."""
+        body: dict[str, Any] = {
+            "ok": self.ok,
+            "evaluated_at": format_rfc3339(self.evaluated_at),
+            "runs_watched": self.runs_watched,
+            "counts": self.counts(),
+            "sinks": self.sinks,
+            "rows": [jsonable(r) for r in self.rows],
+        }
+        if self.error:
+            body["error"] = self.error
+        return body
+
+    def log_entry(self) -> dict[str, Any]:
+        """One structured line in Cloud Logging's format."""
+        failed = [name for name, s in self.sinks.items() if not s.get("ok")]
+        if self.error:
+            message = f"lossspike tick failed: {self.error}"
+        elif failed:
+            message = "lossspike tick failed to write: " + "; ".join(f"{n}: {self.sinks[n]['error']}" for n in failed)
+        else:
+            message = f"lossspike tick: {self.runs_watched} runs watched, " + ", ".join(
+                f"{n} {reason}" for reason, n in self.counts().items() if n
+            )
+        return {
+            "severity": "INFO" if self.ok else "ERROR",
+            "message": message.rstrip(", "),
+            "evaluated_at": format_rfc3339(self.evaluated_at),
+            "runs_watched": self.runs_watched,
+            "counts": self.counts(),
+            "query_ms": self.query.get("query_ms"),
+            "bytes_processed": self.query.get("bytes_processed"),
+            "sinks": self.sinks,
+        }
+
+
+def _cause(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def run_tick(
+    source: Source,
+    sinks: dict[str, Sink],
+    settings: Settings,
+    now: datetime,
+    log: TextIO | None = None,
+) -> TickResult:
+    """Evaluate at `now`, hand the rows to every sink, log one line, return the result."""
+    result = TickResult(now)
+    started = time.perf_counter()
+    try:
+        result.rows = evaluate(source, settings, now)
+    except Exception as error:  # noqa: BLE001 - any cause fails the tick, and the log names it
+        result.error = _cause(error)
+    result.query = dict(getattr(source, "last_query", {}) or {})
+    result.query.setdefault("query_ms", round((time.perf_counter() - started) * 1000))
+    if result.error is None:
+        for name, sink in sinks.items():
+            try:
+                result.sinks[name] = {"ok": True, **sink(result.rows)}
+            except Exception as error:  # noqa: BLE001 - one sink's failure must not stop the next
+                result.sinks[name] = {"ok": False, "error": _cause(error)}
+    stream = log or sys.stdout
+    stream.write(json.dumps(result.log_entry(), default=str) + "\n")
+    stream.flush()
+    return result
