@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from lossspike.rule import Thresholds
+from lossspike.settings import load_settings
+
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
-TOOLS = Path(os.environ.get("LOSSSPIKE_TOOLS", REPO / ".tools")) / "iac"
+TOOLS = REPO / ".tools" / "iac"
 TERRAFORM = TOOLS / "bin" / "terraform"
 CHECKOV = TOOLS / "bin" / "checkov"
 CLI_CONFIG = TOOLS / "terraformrc"
@@ -52,7 +55,7 @@ def _require_tools() -> None:
     if missing:
         pytest.fail(
             "offline Terraform toolchain missing (" + ", ".join(missing) + "): run "
-            f"`bash tools/terraform/setup.sh {TOOLS}` (or set LOSSSPIKE_TOOLS to the folder holding iac/)",
+            "`bash tools/terraform/setup.sh`",
             pytrace=False,
         )
 
@@ -221,6 +224,11 @@ def test_function_environment(plan: dict) -> None:
         "LOSSSPIKE_MAX_BYTES_BILLED",
     ):
         assert re.fullmatch(r"\d+", env[name]), (name, env[name])
+    # The deployed environment is exactly what the function's cold start accepts.
+    settings = load_settings(env)
+    assert settings.backend == "bigquery" and settings.monitoring_enabled
+    assert settings.selection.run_ids == ("hero-a", "hero-b")
+    assert settings.thresholds == Thresholds()
 
 
 def test_iam_is_least_privilege(plan: dict) -> None:

@@ -1,0 +1,87 @@
+resource "google_bigquery_dataset" "alerts" {
+  #checkov:skip=CKV_GCP_81:Alert verdicts are not sensitive; Google-managed encryption applies. Add default_encryption_configuration in a fork if your policy needs CMEK.
+  project                    = var.project_id
+  dataset_id                 = var.dataset_id
+  friendly_name              = "lossspike"
+  description                = "Loss-spike alert rows written by the lossspike evaluator, and the latest-verdict view."
+  location                   = var.bigquery_location
+  delete_contents_on_destroy = false
+  labels                     = local.labels
+
+  depends_on = [google_project_service.services]
+}
+
+# One row per watched run per tick. The schema is lossspike/alerts_schema.json, shared with
+# the Python code that writes the rows.
+resource "google_bigquery_table" "alerts" {
+  #checkov:skip=CKV_GCP_80:Alert verdicts are not sensitive; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
+  project             = var.project_id
+  dataset_id          = google_bigquery_dataset.alerts.dataset_id
+  table_id            = local.alerts_table_name
+  description         = "lossspike verdicts: one row per watched run per evaluation tick."
+  deletion_protection = var.deletion_protection
+  labels              = local.labels
+  schema              = file("${path.module}/../lossspike/alerts_schema.json")
+  clustering          = ["cluster", "run", "reason"]
+
+  time_partitioning {
+    type          = "DAY"
+    field         = "evaluated_at"
+    expiration_ms = var.alerts_retention_days * 86400000
+  }
+}
+
+# Latest verdict per (cluster, run), reading only recent partitions.
+resource "google_bigquery_table" "latest" {
+  #checkov:skip=CKV_GCP_80:A view stores no data; encryption is the base table's.
+  project             = var.project_id
+  dataset_id          = google_bigquery_dataset.alerts.dataset_id
+  table_id            = "loss_spike_latest"
+  description         = "Newest lossspike verdict per (cluster, run) within the last ${var.latest_view_lookback_hours} hours."
+  deletion_protection = var.deletion_protection
+  labels              = local.labels
+
+  view {
+    use_legacy_sql = false
+    # Shared with tests/test_grafana.py, which runs it over rows the real pipeline wrote.
+    query = templatefile("${path.module}/sql/loss_spike_latest.sql", {
+      alerts_table   = local.alerts_table_id
+      lookback_hours = var.latest_view_lookback_hours
+    })
+  }
+
+  depends_on = [google_bigquery_table.alerts]
+}
+
+# Optional: a telemetry table in the layout the evaluator reads, for deployments without one.
+resource "google_bigquery_table" "telemetry" {
+  #checkov:skip=CKV_GCP_80:Training-loss telemetry; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
+  count = var.create_telemetry_table ? 1 : 0
+
+  project             = local.telemetry_project
+  dataset_id          = local.telemetry_dataset
+  table_id            = local.telemetry_table
+  description         = "Levanter telemetry samples (one row per metric value) read by lossspike."
+  deletion_protection = var.deletion_protection
+  labels              = local.labels
+  clustering          = ["name", "run_id"]
+
+  time_partitioning {
+    type  = var.telemetry_partition_type
+    field = "timestamp"
+  }
+
+  schema = jsonencode([
+    { name = "timestamp", type = "TIMESTAMP", mode = "REQUIRED", description = "When the sample was recorded." },
+    { name = "service", type = "STRING", mode = "NULLABLE", description = "Emitting service, e.g. levanter." },
+    { name = "name", type = "STRING", mode = "NULLABLE", description = "Metric name, e.g. train_loss." },
+    { name = "value", type = "FLOAT64", mode = "NULLABLE", description = "Metric value; may be NULL, NaN or infinite." },
+    { name = "cluster", type = "STRING", mode = "NULLABLE", description = "Cluster the run trains on; may be NULL or empty." },
+    { name = "run_id", type = "STRING", mode = "NULLABLE", description = "Training run ID." },
+    { name = "job_id", type = "STRING", mode = "NULLABLE", description = "Scheduler job ID; may be NULL." },
+    { name = "execution_uid", type = "STRING", mode = "NULLABLE", description = "Attempt ID; may be NULL." },
+  ])
+
+  # The dataset may be the one this module creates.
+  depends_on = [google_bigquery_dataset.alerts]
+}

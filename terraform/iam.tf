@@ -1,0 +1,64 @@
+# Two identities, each holding only what it uses, each role on the narrowest resource.
+
+resource "google_service_account" "function" {
+  project      = var.project_id
+  account_id   = "${var.name}-fn"
+  display_name = "lossspike evaluator (Cloud Function runtime)"
+  description  = "Reads Levanter telemetry, writes loss-spike alert rows and custom metrics."
+
+  depends_on = [google_project_service.services]
+}
+
+resource "google_service_account" "invoker" {
+  project      = var.project_id
+  account_id   = "${var.name}-invoker"
+  display_name = "lossspike tick (Cloud Scheduler invoker)"
+  description  = "Identity of the Scheduler job's OIDC token; may only invoke the evaluator."
+
+  depends_on = [google_project_service.services]
+}
+
+# Read the telemetry table (or view) only.
+resource "google_bigquery_table_iam_member" "telemetry_viewer" {
+  count = var.grant_telemetry_access ? 1 : 0
+
+  project    = local.telemetry_project
+  dataset_id = local.telemetry_dataset
+  table_id   = local.telemetry_table
+  role       = "roles/bigquery.dataViewer"
+  member     = "serviceAccount:${google_service_account.function.email}"
+
+  depends_on = [google_bigquery_table.telemetry]
+}
+
+# Write (and de-duplicate) rows in the alert table only.
+resource "google_bigquery_table_iam_member" "alerts_editor" {
+  project    = var.project_id
+  dataset_id = google_bigquery_dataset.alerts.dataset_id
+  table_id   = google_bigquery_table.alerts.table_id
+  role       = "roles/bigquery.dataEditor"
+  member     = "serviceAccount:${google_service_account.function.email}"
+}
+
+# Run query jobs (a job is a project-level resource; there is no narrower scope).
+resource "google_project_iam_member" "function_job_user" {
+  project = var.project_id
+  role    = "roles/bigquery.jobUser"
+  member  = "serviceAccount:${google_service_account.function.email}"
+}
+
+# Write custom metric points (project-level by nature).
+resource "google_project_iam_member" "function_metric_writer" {
+  project = var.project_id
+  role    = "roles/monitoring.metricWriter"
+  member  = "serviceAccount:${google_service_account.function.email}"
+}
+
+# The invoker may call this one function's Cloud Run service and nothing else.
+resource "google_cloud_run_service_iam_member" "invoker" {
+  project  = var.project_id
+  location = var.region
+  service  = google_cloudfunctions2_function.evaluator.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.invoker.email}"
+}

@@ -1,0 +1,66 @@
+locals {
+  source_dir  = var.source_dir != null ? var.source_dir : abspath("${path.module}/..")
+  bucket_name = var.source_bucket_name != "" ? var.source_bucket_name : "${var.project_id}-${var.name}-source"
+
+  telemetry_parts   = split(".", var.telemetry_table)
+  telemetry_project = join(".", slice(local.telemetry_parts, 0, length(local.telemetry_parts) - 2))
+  telemetry_dataset = local.telemetry_parts[length(local.telemetry_parts) - 2]
+  telemetry_table   = local.telemetry_parts[length(local.telemetry_parts) - 1]
+
+  alerts_table_name = "loss_spike_alerts"
+  alerts_table_id   = "${var.project_id}.${var.dataset_id}.${local.alerts_table_name}"
+
+  # Scheduler must wait longer than the function may run, or every slow tick is retried.
+  attempt_deadline_seconds = max(var.scheduler_attempt_deadline_seconds, var.function_timeout_seconds + 10)
+
+  metric_types = {
+    alert        = "${var.metric_prefix}/alert"
+    runs_watched = "${var.metric_prefix}/runs_watched"
+  }
+
+  # The function's whole configuration. These names are the contract with the Python side
+  # (lossspike's settings); this map is the one place Terraform lists them.
+  function_env = {
+    LOSSSPIKE_BACKEND              = "bigquery"
+    LOSSSPIKE_PROJECT              = var.project_id
+    LOSSSPIKE_LOCATION             = var.bigquery_location
+    LOSSSPIKE_TELEMETRY_TABLE      = var.telemetry_table
+    LOSSSPIKE_ALERTS_TABLE         = local.alerts_table_id
+    LOSSSPIKE_RUN_PATTERN          = var.run_pattern
+    LOSSSPIKE_RUN_IDS              = join(",", var.run_ids)
+    LOSSSPIKE_METRIC               = var.metric_name
+    LOSSSPIKE_SERVICE              = var.service_name
+    LOSSSPIKE_BASELINE_MINUTES     = tostring(var.baseline_minutes)
+    LOSSSPIKE_RECENT_MINUTES       = tostring(var.recent_minutes)
+    LOSSSPIKE_SIGMA                = tostring(var.sigma)
+    LOSSSPIKE_MIN_RISE             = tostring(var.min_rise)
+    LOSSSPIKE_MIN_BASELINE_SAMPLES = tostring(var.min_baseline_samples)
+    LOSSSPIKE_MIN_RECENT_SAMPLES   = tostring(var.min_recent_samples)
+    LOSSSPIKE_REFERENCE            = var.reference
+    LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
+    LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
+  }
+
+  services = toset([
+    "artifactregistry.googleapis.com",
+    "bigquery.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudfunctions.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "iam.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
+    "run.googleapis.com",
+    "storage.googleapis.com",
+  ])
+
+  labels = merge({ app = var.name }, var.labels)
+}
+
+resource "google_project_service" "services" {
+  for_each = var.enable_apis ? local.services : toset([])
+
+  project            = var.project_id
+  service            = each.value
+  disable_on_destroy = false
+}

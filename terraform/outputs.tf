@@ -1,0 +1,62 @@
+output "function_name" {
+  description = "Name of the Cloud Function (2nd gen) that evaluates the runs."
+  value       = google_cloudfunctions2_function.evaluator.name
+}
+
+output "function_uri" {
+  description = "HTTPS URL of the function (internal ingress only; callable by the invoker service account)."
+  value       = google_cloudfunctions2_function.evaluator.service_config[0].uri
+}
+
+output "function_service_account" {
+  description = "Email of the function's runtime service account."
+  value       = google_service_account.function.email
+}
+
+output "invoker_service_account" {
+  description = "Email of the service account Cloud Scheduler signs its OIDC token as."
+  value       = google_service_account.invoker.email
+}
+
+output "scheduler_job" {
+  description = "Name of the Cloud Scheduler job that ticks the evaluator."
+  value       = google_cloud_scheduler_job.tick.name
+}
+
+output "alerts_table" {
+  description = "Fully qualified alert table (project.dataset.table)."
+  value       = local.alerts_table_id
+}
+
+output "latest_view" {
+  description = "Fully qualified latest-verdict-per-run view."
+  value       = "${var.project_id}.${var.dataset_id}.${google_bigquery_table.latest.table_id}"
+}
+
+output "telemetry_table" {
+  description = "Telemetry table the evaluator reads."
+  value       = var.telemetry_table
+}
+
+output "metric_types" {
+  description = "Custom metric types the evaluator writes (alert, runs_watched)."
+  value       = local.metric_types
+}
+
+output "alert_policies" {
+  description = "IDs of the per-run loss-spike policy and the evaluator-heartbeat policy."
+  value = {
+    loss_spike = google_monitoring_alert_policy.loss_spike.name
+    heartbeat  = google_monitoring_alert_policy.heartbeat.name
+  }
+}
+
+output "source_object" {
+  description = "Bucket object holding the deployed source zip (its name carries the content hash)."
+  value       = "gs://${google_storage_bucket.source.name}/${google_storage_bucket_object.source.name}"
+}
+
+output "function_environment_variable_names" {
+  description = "Names of the LOSSSPIKE_* variables the function is configured with."
+  value       = sort(keys(local.function_env))
+}

@@ -1,0 +1,386 @@
+# ---------------------------------------------------------------------------------------------
+# Where to deploy
+# ---------------------------------------------------------------------------------------------
+
+variable "project_id" {
+  description = "Google Cloud project that hosts the evaluator, its alert table and its metrics."
+  type        = string
+
+  validation {
+    condition     = can(regex("^([a-z][a-z0-9.-]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$", var.project_id))
+    error_message = "The project_id must be a Google Cloud project ID such as \"my-project-123\"."
+  }
+}
+
+variable "region" {
+  description = "Region of the Cloud Function, the Scheduler job and the source bucket."
+  type        = string
+  default     = "us-central1"
+
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]$", var.region))
+    error_message = "The region must be a Google Cloud region such as \"us-central1\"."
+  }
+}
+
+variable "name" {
+  description = "Base name of every resource (function, job, service accounts, metrics dashboards)."
+  type        = string
+  default     = "lossspike"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{2,20}[a-z0-9]$", var.name))
+    error_message = "The name must be 4-22 characters: lowercase letters, digits and hyphens, starting with a letter."
+  }
+}
+
+variable "labels" {
+  description = "Labels added to every resource that supports them."
+  type        = map(string)
+  default     = {}
+}
+
+variable "enable_apis" {
+  description = "Enable the project services the evaluator needs (never disabled on destroy)."
+  type        = bool
+  default     = true
+}
+
+# ---------------------------------------------------------------------------------------------
+# BigQuery
+# ---------------------------------------------------------------------------------------------
+
+variable "telemetry_table" {
+  description = "Levanter telemetry table or view, as \"project.dataset.table\" (see README: adapter views)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[a-z0-9.:-]+\\.[A-Za-z0-9_]+\\.[A-Za-z0-9_$-]+$", var.telemetry_table))
+    error_message = "The telemetry_table must be a fully qualified BigQuery table ID: \"project.dataset.table\"."
+  }
+}
+
+variable "create_telemetry_table" {
+  description = "Create telemetry_table (its dataset must exist, or be dataset_id) with the telemetry schema, partitioned by day."
+  type        = bool
+  default     = false
+}
+
+variable "telemetry_partition_type" {
+  description = "Partitioning of the created telemetry table: \"DAY\" or \"HOUR\" (HOUR scans far less per tick; see README costs)."
+  type        = string
+  default     = "DAY"
+
+  validation {
+    condition     = contains(["DAY", "HOUR"], var.telemetry_partition_type)
+    error_message = "The telemetry_partition_type must be \"DAY\" or \"HOUR\"."
+  }
+}
+
+variable "grant_telemetry_access" {
+  description = "Grant the function roles/bigquery.dataViewer on telemetry_table. Set false if you grant read access yourself (e.g. on the tables behind an adapter view)."
+  type        = bool
+  default     = true
+}
+
+variable "bigquery_location" {
+  description = "BigQuery location of the alerts dataset; query jobs run here, so the telemetry dataset must be in the same location."
+  type        = string
+  default     = "US"
+}
+
+variable "dataset_id" {
+  description = "Dataset created for the alert table and the latest-verdict view."
+  type        = string
+  default     = "lossspike"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_]+$", var.dataset_id))
+    error_message = "The dataset_id may contain only letters, digits and underscores."
+  }
+}
+
+variable "alerts_retention_days" {
+  description = "Days an alert-table partition is kept before BigQuery expires it."
+  type        = number
+  default     = 90
+
+  validation {
+    condition     = var.alerts_retention_days >= 1 && floor(var.alerts_retention_days) == var.alerts_retention_days
+    error_message = "The alerts_retention_days must be a whole number of days, at least 1."
+  }
+}
+
+variable "latest_view_lookback_hours" {
+  description = "The loss_spike_latest view reads only the last this-many hours of alert rows (partition pruning)."
+  type        = number
+  default     = 24
+
+  validation {
+    condition     = var.latest_view_lookback_hours >= 1 && var.latest_view_lookback_hours <= 720
+    error_message = "The latest_view_lookback_hours must be between 1 and 720."
+  }
+}
+
+variable "deletion_protection" {
+  description = "Protect the BigQuery tables from terraform destroy."
+  type        = bool
+  default     = true
+}
+
+variable "max_bytes_billed" {
+  description = "Per-query cap on bytes billed (LOSSSPIKE_MAX_BYTES_BILLED); a query above it fails instead of costing more."
+  type        = number
+  default     = 1073741824
+
+  validation {
+    condition     = var.max_bytes_billed >= 10485760 && floor(var.max_bytes_billed) == var.max_bytes_billed
+    error_message = "The max_bytes_billed must be a whole number of bytes, at least 10485760 (BigQuery's 10 MB minimum)."
+  }
+}
+
+# ---------------------------------------------------------------------------------------------
+# Which runs are watched, and the rule's thresholds
+# ---------------------------------------------------------------------------------------------
+
+variable "run_pattern" {
+  description = "SQL LIKE pattern of the run IDs to watch (ignored when run_ids is set)."
+  type        = string
+  default     = "hero-%"
+
+  validation {
+    condition     = length(var.run_pattern) > 0
+    error_message = "The run_pattern must not be empty (use \"%\" to watch every run)."
+  }
+}
+
+variable "run_ids" {
+  description = "Explicit run IDs to watch instead of run_pattern; empty means use the pattern."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for r in var.run_ids : length(r) > 0 && !can(regex(",", r))])
+    error_message = "The run_ids must be non-empty and contain no commas."
+  }
+}
+
+variable "metric_name" {
+  description = "Telemetry metric name that is the training loss."
+  type        = string
+  default     = "train_loss"
+}
+
+variable "service_name" {
+  description = "Telemetry service whose samples are read."
+  type        = string
+  default     = "levanter"
+}
+
+variable "baseline_minutes" {
+  description = "Length of the window ending at now; the baseline is its part before the recent window."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.baseline_minutes >= 2 && floor(var.baseline_minutes) == var.baseline_minutes
+    error_message = "The baseline_minutes must be a whole number, at least 2."
+  }
+}
+
+variable "recent_minutes" {
+  description = "Length of the recent window, in minutes (must be less than baseline_minutes)."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = var.recent_minutes >= 1 && floor(var.recent_minutes) == var.recent_minutes
+    error_message = "The recent_minutes must be a whole number, at least 1."
+  }
+}
+
+variable "sigma" {
+  description = "Band width in baseline standard deviations."
+  type        = number
+  default     = 6.0
+
+  validation {
+    condition     = var.sigma >= 0
+    error_message = "The sigma must not be negative."
+  }
+}
+
+variable "min_rise" {
+  description = "Smallest rise of the recent floor over the reference that counts as a spike."
+  type        = number
+  default     = 0.05
+
+  validation {
+    condition     = var.min_rise >= 0
+    error_message = "The min_rise must not be negative."
+  }
+}
+
+variable "min_baseline_samples" {
+  description = "Finite baseline samples needed before a run is judged."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.min_baseline_samples >= 2 && floor(var.min_baseline_samples) == var.min_baseline_samples
+    error_message = "The min_baseline_samples must be a whole number, at least 2."
+  }
+}
+
+variable "min_recent_samples" {
+  description = "Recent samples needed before a run is judged."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = var.min_recent_samples >= 1 && floor(var.min_recent_samples) == var.min_recent_samples
+    error_message = "The min_recent_samples must be a whole number, at least 1."
+  }
+}
+
+variable "reference" {
+  description = "Baseline reference the recent floor is compared with: \"mean\" or \"floor\"."
+  type        = string
+  default     = "mean"
+
+  validation {
+    condition     = contains(["mean", "floor"], var.reference)
+    error_message = "The reference must be \"mean\" or \"floor\"."
+  }
+}
+
+# ---------------------------------------------------------------------------------------------
+# Function and schedule
+# ---------------------------------------------------------------------------------------------
+
+variable "source_dir" {
+  description = "Directory holding main.py, requirements.txt and the lossspike/ package; null means the repository root above this module."
+  type        = string
+  default     = null
+}
+
+variable "runtime" {
+  description = "Cloud Functions Python runtime."
+  type        = string
+  default     = "python312"
+
+  validation {
+    condition     = can(regex("^python3[0-9]+$", var.runtime))
+    error_message = "The runtime must be a Python runtime such as \"python312\"."
+  }
+}
+
+variable "available_memory" {
+  description = "Memory of the function instance."
+  type        = string
+  default     = "256M"
+
+  validation {
+    condition     = can(regex("^[0-9]+(M|Mi|G|Gi)$", var.available_memory))
+    error_message = "The available_memory must look like \"256M\" or \"1Gi\"."
+  }
+}
+
+variable "function_timeout_seconds" {
+  description = "Function timeout; must stay below scheduler_attempt_deadline_seconds."
+  type        = number
+  default     = 50
+
+  validation {
+    condition     = var.function_timeout_seconds >= 10 && var.function_timeout_seconds <= 540
+    error_message = "The function_timeout_seconds must be between 10 and 540."
+  }
+}
+
+variable "scheduler_attempt_deadline_seconds" {
+  description = "How long Scheduler waits for one attempt; must exceed function_timeout_seconds."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.scheduler_attempt_deadline_seconds >= 15 && var.scheduler_attempt_deadline_seconds <= 1800
+    error_message = "The scheduler_attempt_deadline_seconds must be between 15 and 1800."
+  }
+}
+
+variable "schedule" {
+  description = "Cron schedule of the evaluation tick (UTC)."
+  type        = string
+  default     = "* * * * *"
+}
+
+variable "scheduler_retry_count" {
+  description = "Retries of a failed tick (a retry reproduces the same verdict: now is the scheduled time)."
+  type        = number
+  default     = 3
+
+  validation {
+    condition     = var.scheduler_retry_count >= 0 && var.scheduler_retry_count <= 5
+    error_message = "The scheduler_retry_count must be between 0 and 5."
+  }
+}
+
+variable "scheduler_paused" {
+  description = "Create the Scheduler job paused (no ticks, so the heartbeat alert fires)."
+  type        = bool
+  default     = false
+}
+
+variable "source_bucket_name" {
+  description = "Bucket for the zipped function source; empty means \"<project_id>-<name>-source\"."
+  type        = string
+  default     = ""
+}
+
+# ---------------------------------------------------------------------------------------------
+# Cloud Monitoring
+# ---------------------------------------------------------------------------------------------
+
+variable "metric_prefix" {
+  description = "Prefix of the custom metric types the function writes."
+  type        = string
+  default     = "custom.googleapis.com/lossspike"
+
+  validation {
+    condition     = can(regex("^custom\\.googleapis\\.com/[A-Za-z0-9_/.-]+[A-Za-z0-9_]$", var.metric_prefix))
+    error_message = "The metric_prefix must start with \"custom.googleapis.com/\" and not end with a slash."
+  }
+}
+
+variable "notification_channels" {
+  description = "Cloud Monitoring notification channel IDs (projects/P/notificationChannels/N) both alert policies notify."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for c in var.notification_channels : can(regex("^projects/[^/]+/notificationChannels/[^/]+$", c))])
+    error_message = "Each notification channel must be \"projects/PROJECT/notificationChannels/ID\"."
+  }
+}
+
+variable "alert_auto_close_seconds" {
+  description = "Close a per-run incident this long after its run stops reporting (a finished run)."
+  type        = number
+  default     = 1800
+
+  validation {
+    condition     = var.alert_auto_close_seconds >= 1800
+    error_message = "Cloud Monitoring requires alert_auto_close_seconds of at least 1800."
+  }
+}
+
+variable "heartbeat_absent_seconds" {
+  description = "Page when the fleet heartbeat metric has been absent this long (a dead evaluator)."
+  type        = number
+  default     = 300
+
+  validation {
+    condition     = var.heartbeat_absent_seconds >= 120 && floor(var.heartbeat_absent_seconds / 60) * 60 == var.heartbeat_absent_seconds
+    error_message = "The heartbeat_absent_seconds must be a whole number of minutes, at least 120."
+  }
+}
