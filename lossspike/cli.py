@@ -1,4 +1,4 @@
-"""The `lossspike` command line: evaluate, demo, sql, config."""
+"""The `lossspike` command line: evaluate, demo, sql, config, backtest, plot."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -79,7 +79,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rule_flags(sql)
 
     commands.add_parser("config", help="print every setting, its variable and its effective value")
+
+    backtest = commands.add_parser("backtest", help="replay the rule at every tick of a past time range")
+    _add_history_flags(backtest, "24 hours")
+    backtest.add_argument("--format", choices=("table", "json"), default="table")
+    backtest.add_argument(
+        "--compare",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a second rule: these thresholds over the first's, e.g. --compare sigma=4 --compare reference=floor",
+    )
+    _add_rule_flags(backtest)
+
+    plot = commands.add_parser("plot", help="draw a run's loss, band, floor and alert episodes to a PNG")
+    plot.add_argument("run", help="run ID")
+    plot.add_argument("-o", "--output", required=True, help="PNG file to write")
+    plot.add_argument("--cluster", help="cluster of the run, when its ID is on several ('unknown' for none)")
+    _add_history_flags(plot, "hour")
+    _add_rule_flags(plot)
     return parser
+
+
+def _add_history_flags(parser: argparse.ArgumentParser, default_span: str) -> None:
+    parser.add_argument(
+        "--database",
+        help=f"DuckDB file with a telemetry table [$LOSSSPIKE_DATABASE or {default_text('database')}];"
+        " without it, $LOSSSPIKE_BACKEND picks duckdb or bigquery",
+    )
+    parser.add_argument("--start", help=f"first tick, RFC 3339, rounded up to a minute [--end minus {default_span}]")
+    parser.add_argument("--end", help="last tick, RFC 3339, included [the wall clock]")
+    parser.add_argument("--every", type=int, default=1, metavar="MINUTES", help="minutes between ticks [1]")
 
 
 def _now(args: argparse.Namespace) -> datetime:
@@ -89,6 +118,30 @@ def _now(args: argparse.Namespace) -> datetime:
         return parse_rfc3339(args.now)
     except ValueError as error:
         raise ConfigError(f"--now: {error}") from None
+
+
+def _ticks(args: argparse.Namespace, default_span: timedelta) -> list[datetime]:
+    from lossspike.backtest import tick_times
+
+    times = {}
+    for flag in ("end", "start"):
+        text = getattr(args, flag)
+        if text is None:
+            times[flag] = wall_clock() if flag == "end" else times["end"] - default_span
+            continue
+        try:
+            times[flag] = parse_rfc3339(text)
+        except ValueError as error:
+            raise ConfigError(f"--{flag}: {error}") from None
+    try:
+        return tick_times(times["start"], times["end"], args.every)
+    except ValueError as error:
+        raise ConfigError(f"--start/--end/--every: {error}") from None
+
+
+def _history_settings(args: argparse.Namespace, **extra: str | None) -> Settings:
+    # An explicit file means the embedded backend; otherwise LOSSSPIKE_BACKEND decides.
+    return _settings(args, database=args.database, backend="duckdb" if args.database else None, **extra)
 
 
 def _settings(args: argparse.Namespace, **extra: str | None) -> Settings:
@@ -176,11 +229,77 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"evaluate": _cmd_evaluate, "demo": _cmd_demo, "sql": _cmd_sql, "config": _cmd_config}
+def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
+    """The rule variants: the flags' thresholds, then those with --compare's overrides on top."""
+    from dataclasses import fields
+
+    from lossspike.rule import Thresholds
+
+    if not args.compare:
+        return [base.thresholds]
+    keys = {f.name for f in fields(Thresholds)}
+    overrides: dict[str, str | None] = {key: getattr(args, key, None) for key in _RULE_FLAGS}
+    for item in args.compare:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or key not in keys:
+            accepted = ", ".join(sorted(k.replace("_", "-") for k in keys))
+            raise ConfigError(f"--compare {item!r}: expected KEY=VALUE with KEY one of {accepted}")
+        overrides[key] = value
+    try:
+        other = load_settings(os.environ, overrides)
+    except ConfigError as error:
+        raise ConfigError(f"--compare: {error}") from None
+    return [base.thresholds, other.thresholds]
+
+
+def _cmd_backtest(args: argparse.Namespace) -> int:
+    from lossspike.backtest import backtest, open_source, report_json, report_table
+
+    settings = _history_settings(args)
+    ticks = _ticks(args, timedelta(hours=24))
+    variants = _compare_thresholds(args, settings)
+    names = ["A", "B"] if len(variants) > 1 else ["rule"]
+    source = open_source(settings)
+    try:
+        results = backtest(source, settings, ticks, variants)
+    finally:
+        getattr(source, "close", lambda: None)()
+    if args.format == "json":
+        sys.stdout.write(json.dumps(report_json(results, names), indent=2, allow_nan=False) + "\n")
+    else:
+        sys.stdout.write(report_table(results, names))
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from lossspike.backtest import open_source
+    from lossspike.plot import plot_run
+
+    settings = _history_settings(args)
+    ticks = _ticks(args, timedelta(hours=1))
+    source = open_source(settings)
+    try:
+        written = plot_run(source, settings, args.run, ticks, Path(args.output), cluster=args.cluster)
+    finally:
+        getattr(source, "close", lambda: None)()
+    sys.stdout.write(f"wrote {written}\n")
+    return 0
+
+
+_COMMANDS = {
+    "evaluate": _cmd_evaluate,
+    "demo": _cmd_demo,
+    "sql": _cmd_sql,
+    "config": _cmd_config,
+    "backtest": _cmd_backtest,
+    "plot": _cmd_plot,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
+    from lossspike.backtest import BacktestError
     from lossspike.duckdb_store import StoreError
 
     try:
@@ -192,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         sys.stderr.write(f"lossspike: configuration error: {error}\n")
         return 2
-    except StoreError as error:
+    except (StoreError, BacktestError) as error:
         sys.stderr.write(f"lossspike: error: {error}\n")
         return 1
     except BrokenPipeError:

@@ -185,7 +185,8 @@ def test_alert_rule_returns_one_numeric_value_per_run_and_reason(warehouse):
     firing = {(r[1], r[3]) for r in rows if r[4] == 1}
     assert firing == {("hero-qwen-32b", "spiking"), ("hero-gemma-2b", "not_finite")}
     threshold = next(d for d in rule["data"] if d["refId"] == "B")["model"]
-    assert threshold["type"] == "threshold" and threshold["conditions"][0]["evaluator"] == {"type": "gt", "params": [0.5]}
+    assert threshold["type"] == "threshold"
+    assert threshold["conditions"][0]["evaluator"] == {"type": "gt", "params": [0.5]}
 
 
 def test_alert_rule_sees_no_data_when_evaluator_is_silent(warehouse):

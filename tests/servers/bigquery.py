@@ -191,10 +191,8 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 def make_client(endpoint: str, project: str = DEFAULT_PROJECT, **kwargs):
     """A real ``google.cloud.bigquery.Client`` pointed at ``endpoint``.
 
-    Anonymous credentials; the BigQuery Storage API is never used by this
-    client's default reads only when callers pass
-    ``create_bqstorage_client=False`` (the emulator's gRPC read API is not
-    exposed by this helper).
+    Anonymous credentials, no BigQuery Storage API: read results with
+    ``.to_arrow(create_bqstorage_client=False)`` / ``to_dataframe(...)`` likewise.
     """
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
