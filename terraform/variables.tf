@@ -131,7 +131,7 @@ variable "deletion_protection" {
 variable "max_bytes_billed" {
   description = "Per-query cap on bytes billed (LOSSSPIKE_MAX_BYTES_BILLED); a query above it fails instead of costing more."
   type        = number
-  default     = 1073741824
+  default     = 10737418240
 
   validation {
     condition     = var.max_bytes_billed >= 10485760 && floor(var.max_bytes_billed) == var.max_bytes_billed
