@@ -27,6 +27,9 @@ RETRY_DEADLINE_SECONDS = 20.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 # Shown on every job for cost attribution in INFORMATION_SCHEMA.JOBS and billing exports.
 JOB_LABELS = {"app": "lossspike"}
+# Rows per MERGE: about 1 MB of query parameters, far under the 10 MB request cap,
+# so a fleet of up to this many runs writes in a single statement.
+MAX_ROWS_PER_MERGE = 1000
 
 _SCALAR_TYPES = ((bool, "BOOL"), (int, "INT64"), (float, "FLOAT64"), (str, "STRING"), (datetime, "TIMESTAMP"))
 _STRUCT_TYPES = {"TIMESTAMP": "TIMESTAMP", "STRING": "STRING", "INTEGER": "INT64", "FLOAT": "FLOAT64"}
@@ -84,7 +87,7 @@ def merge_sql(alerts_table: str) -> str:
     values = ", ".join(f"source.{c}" for c in ALERT_COLUMNS)
     return (
         f"MERGE {table} AS target\n"
-        "USING (SELECT * FROM UNNEST(@rows)) AS source\n"
+        "USING UNNEST(@rows) AS source\n"
         f"ON target.evaluated_at = @now AND {on}\n"
         f"WHEN MATCHED THEN UPDATE SET {updates}\n"
         f"WHEN NOT MATCHED THEN INSERT ({columns}) VALUES ({values})"
@@ -114,7 +117,9 @@ class BigQueryStore:
             job_config=config,
             location=self.settings.location,
             retry=self.retry,
-            job_retry=self.retry,
+            # Any job_retry wraps the insert in the client's own 600 s retry, whatever its
+            # deadline; API calls are retried by `retry` above, and a failed tick by Scheduler.
+            job_retry=None,
             timeout=REQUEST_TIMEOUT_SECONDS,
         )
         job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS)
@@ -134,8 +139,15 @@ class BigQueryStore:
         return table
 
     def write_alerts(self, rows: list[dict[str, Any]]) -> int:
-        """Upsert the alert rows of one evaluation; return rows in the tick."""
+        """Upsert the alert rows of one evaluation; return rows in the tick.
+
+        Each MERGE is idempotent on its own, so a tick that fails between two
+        of them is simply retried whole.
+        """
         now = rows[0]["evaluated_at"]
-        parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(rows)]
-        self._run(merge_sql(self.settings.alerts_table), parameters, "write")
+        sql = merge_sql(self.settings.alerts_table)
+        for start in range(0, len(rows), MAX_ROWS_PER_MERGE):
+            chunk = rows[start : start + MAX_ROWS_PER_MERGE]
+            parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk)]
+            self._run(sql, parameters, "write")
         return len(rows)

@@ -42,7 +42,6 @@ class Backend:
 
     source: Any
     sinks: dict[str, Sink]
-    closer: Any = None
 
 
 def preload(settings: Settings) -> None:
@@ -56,30 +55,32 @@ def preload(settings: Settings) -> None:
         importlib.import_module(module)
 
 
-def bigquery_backend(settings: Settings) -> Backend:
+def bigquery_backend(settings: Settings, bigquery_client: Any = None, monitoring_client: Any = None) -> Backend:
+    """BigQuery reads and writes, plus Cloud Monitoring; clients default to the environment's."""
     from lossspike.bigquery_store import BigQueryStore
 
-    store = BigQueryStore(settings)
+    store = BigQueryStore(settings, bigquery_client)
     sinks: dict[str, Sink] = {"alerts_table": lambda rows: {"rows": store.write_alerts(rows)}}
-    _add_monitoring(settings, sinks)
+    _add_monitoring(settings, sinks, monitoring_client)
     return Backend(store, sinks)
 
 
-def duckdb_backend(settings: Settings) -> Backend:
+def duckdb_backend(settings: Settings, monitoring_client: Any = None) -> Backend:
+    """The embedded default: telemetry and alert rows in LOSSSPIKE_DATABASE."""
     from lossspike.duckdb_store import DuckDBStore
 
     store = DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table)
     sinks: dict[str, Sink] = {"alerts_table": lambda rows: {"rows": store.write_alerts(rows)}}
-    _add_monitoring(settings, sinks)
-    return Backend(store, sinks, store.close)
+    _add_monitoring(settings, sinks, monitoring_client)
+    return Backend(store, sinks)
 
 
-def _add_monitoring(settings: Settings, sinks: dict[str, Sink]) -> None:
+def _add_monitoring(settings: Settings, sinks: dict[str, Sink], client: Any) -> None:
     if not settings.monitoring_enabled:
         return
     from lossspike.monitoring import MonitoringSink
 
-    sink = MonitoringSink(settings)
+    sink = MonitoringSink(settings, client)
     sinks["monitoring"] = lambda rows: sink.write(rows, rows[0]["evaluated_at"])
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from google.api import metric_pb2
 from google.api_core import exceptions
 from google.api_core.retry import Retry, if_exception_type
 from google.cloud import monitoring_v3
@@ -45,8 +46,8 @@ def _series(metric_type: str, labels: dict[str, str], value: int, now: datetime,
     series.metric.labels.update(labels)
     series.resource.type = "global"
     series.resource.labels["project_id"] = project
-    series.metric_kind = monitoring_v3.MetricDescriptor.MetricKind.GAUGE
-    series.value_type = monitoring_v3.MetricDescriptor.ValueType.INT64
+    series.metric_kind = metric_pb2.MetricDescriptor.MetricKind.GAUGE
+    series.value_type = metric_pb2.MetricDescriptor.ValueType.INT64
     point = monitoring_v3.Point()
     point.interval.end_time = now
     point.value.int64_value = value

@@ -44,12 +44,8 @@ class EmulatorUnavailable(RuntimeError):
     """The emulator's virtual environment is missing or the server did not start."""
 
 
-def tools_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("LOSSSPIKE_TOOLS") or REPO_ROOT / ".tools")
-
-
 def emulator_dir() -> pathlib.Path:
-    return tools_dir() / "bqemulator"
+    return REPO_ROOT / ".tools" / "bqemulator"
 
 
 def emulator_available() -> bool:
@@ -62,8 +58,7 @@ def _require_emulator() -> pathlib.Path:
     if not exe.exists():
         raise EmulatorUnavailable(
             f"BigQuery emulator not found at {exe}. Run `bash {SETUP_SCRIPT}` "
-            f"(it installs bqemulator into $LOSSSPIKE_TOOLS/bqemulator, default "
-            f"<repo>/.tools/bqemulator)."
+            "(it installs bqemulator into <repo>/.tools/bqemulator)."
         )
     return exe
 

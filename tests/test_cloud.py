@@ -1,0 +1,407 @@
+"""The Cloud Function end to end: functions-framework app, real Google clients, local servers.
+
+Telemetry sits in the BigQuery emulator (its own process, its own venv), the
+Monitoring fake speaks gRPC, and a proxy in front of the emulator injects
+server errors. Verdicts are checked against the plain-Python recomputation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from google.cloud import bigquery
+from oracle import Sample, assert_rows_match, expected
+from servers import bigquery as bqserver
+from servers import monitoring as monserver
+from servers.proxy import Faults, faulty_proxy
+
+from lossspike.function import bigquery_backend
+from lossspike.rule import Thresholds
+from lossspike.schema import ALERTS_SCHEMA
+from lossspike.settings import OPTIONS
+from lossspike.sql import Selection
+
+PROJECT = "lossspike-cloud"
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+SCHEDULE_HEADER = {"X-CloudScheduler-ScheduleTime": "2026-11-30T12:00:00Z"}
+TELEMETRY_SCHEMA = [
+    bigquery.SchemaField("timestamp", "TIMESTAMP", mode="REQUIRED"),
+    *(bigquery.SchemaField(n, "STRING") for n in ("service", "name")),
+    bigquery.SchemaField("value", "FLOAT64"),
+    *(bigquery.SchemaField(n, "STRING") for n in ("cluster", "run_id", "job_id", "execution_uid")),
+]
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with bqserver.bigquery_emulator(PROJECT) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def monitoring():
+    with monserver.monitoring_server() as fake:
+        yield fake
+
+
+class Deployment:
+    """One deployed function: its tables in the emulator, its app, its clients."""
+
+    def __init__(self, endpoint: str, monitoring: monserver.FakeMetricService, monkeypatch, bq_endpoint=None):
+        suffix = uuid.uuid4().hex[:8]
+        self.telemetry = f"{PROJECT}.levanter_{suffix}.telemetry"
+        self.alerts = f"{PROJECT}.lossspike_{suffix}.loss_spike_alerts"
+        self.admin = bqserver.make_client(endpoint, PROJECT)
+        for table in (self.telemetry, self.alerts):
+            self.admin.create_dataset(table.rsplit(".", 1)[0], exists_ok=True)
+        self.admin.create_table(bigquery.Table(self.telemetry, schema=TELEMETRY_SCHEMA))
+        alerts = bigquery.Table(self.alerts, schema=[bigquery.SchemaField.from_api_repr(c) for c in ALERTS_SCHEMA])
+        alerts.time_partitioning = bigquery.TimePartitioning(field="evaluated_at")
+        self.admin.create_table(alerts)
+
+        env = {
+            "LOSSSPIKE_BACKEND": "bigquery",
+            "LOSSSPIKE_PROJECT": PROJECT,
+            "LOSSSPIKE_TELEMETRY_TABLE": self.telemetry,
+            "LOSSSPIKE_ALERTS_TABLE": self.alerts,
+        }
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        from functions_framework import create_app
+
+        self.app = create_app("evaluate", str(REPO / "main.py"))
+        self.main = sys.modules["main"]
+        self.monitoring = monitoring
+        self.monitoring_client = monserver.make_client(monitoring.address)
+        # Production builds its clients from the environment's credentials; here they
+        # point at the local servers, and everything else is the production path.
+        self.main._BACKEND[:] = [
+            bigquery_backend(
+                self.main.SETTINGS,
+                bqserver.make_client(bq_endpoint or endpoint, PROJECT),
+                self.monitoring_client,
+            )
+        ]
+        self.http = self.app.test_client()
+
+    def load(self, samples: list[Sample]) -> None:
+        def number(v: float | None):
+            if v is None or math.isfinite(v):
+                return v
+            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+
+        rows = [
+            {
+                "timestamp": s.timestamp.isoformat(),
+                "service": s.service,
+                "name": s.name,
+                "value": number(s.value),
+                "cluster": s.cluster,
+                "run_id": s.run_id,
+                "job_id": s.job_id,
+                "execution_uid": s.execution_uid,
+            }
+            for s in samples
+        ]
+        for start in range(0, len(rows), 5000):
+            errors = self.admin.insert_rows_json(self.telemetry, rows[start : start + 5000])
+            assert not errors, errors[:3]
+
+    def tick(self, headers=SCHEDULE_HEADER, method="post"):
+        return getattr(self.http, method)("/", headers=headers)
+
+    def alert_rows(self) -> list[dict]:
+        rows = self.admin.query(f"SELECT * FROM `{self.alerts}` ORDER BY cluster, run").result()
+        return [dict(r.items()) for r in rows]
+
+
+NO_JUNK = object()
+
+
+def fleet(seed: int = 11) -> list[Sample]:
+    """Every reason, hostile IDs, NaN and inf, NULLs, edges and a run on two clusters."""
+    rng = random.Random(seed)
+    samples: list[Sample] = []
+
+    def run(run_id: str, cluster: str | None, level: float, shift: float = 0.0, junk: object = NO_JUNK, n: int = 88):
+        for i in range(n):
+            age = timedelta(minutes=59) - timedelta(seconds=40 * i)
+            value = level + rng.gauss(0, 0.01) + (shift if age <= timedelta(minutes=5) else 0.0)
+            samples.append(Sample(NOW - age, value, run_id, cluster=cluster))
+        if junk is not NO_JUNK:
+            samples.append(Sample(NOW - timedelta(seconds=30), junk, run_id, cluster=cluster))
+
+    run("hero-steady", "c1", 2.0)
+    run("hero-diverged", "c1", 2.0, shift=1.0)
+    run("hero-nan", "", 3.0, junk=float("nan"))
+    run("hero-inf", None, 3.0, junk=float("inf"))
+    run("hero-twin", "c1", 2.0)
+    run("hero-twin", "c2", 2.0, shift=0.5)
+    run("hero-'; DROP TABLE x; --", "c3", 1.0, shift=0.3)
+    run("hero-模型-ü", "c3", 1.0)
+    run("hero-null", "c1", 1.0, junk=None)
+    run("ablation-ignored", "c1", 2.0, shift=5.0)
+    samples.append(Sample(NOW - timedelta(minutes=2), 1.0, "hero-new", cluster="c4"))
+    samples.append(Sample(NOW, float("nan"), "hero-steady", cluster="c1"))  # at now: ignored
+    samples.append(Sample(NOW + timedelta(seconds=5), float("nan"), "hero-steady", cluster="c1"))
+    samples.append(Sample(NOW - timedelta(minutes=3), 9.0, "hero-steady", cluster="c1", name="grad_norm"))
+    return samples
+
+
+def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    samples = fleet()
+    deployment.load(samples)
+
+    response = deployment.tick()
+    assert response.status_code == 200, response.json
+    body = response.json
+    want = expected(samples, NOW, Thresholds(), Selection())
+    got_rows = [
+        {**r, "evaluated_at": datetime.fromisoformat(r["evaluated_at"].replace("Z", "+00:00"))} for r in body["rows"]
+    ]
+    assert_rows_match(got_rows, want, samples)
+    reasons = {(r["cluster"], r["run"]): r["reason"] for r in body["rows"]}
+    assert reasons[("c1", "hero-diverged")] == "spiking"
+    assert reasons[("unknown", "hero-nan")] == reasons[("unknown", "hero-inf")] == "not_finite"
+    assert reasons[("c1", "hero-twin")] == "healthy" and reasons[("c2", "hero-twin")] == "spiking"
+    assert reasons[("c4", "hero-new")] == "warming_up"
+    assert body["evaluated_at"] == "2026-11-30T12:00:00Z"
+    assert body["counts"]["spiking"] == sum(r["reason"] == "spiking" for r in want)
+    assert body["sinks"]["alerts_table"] == {"ok": True, "rows": len(want)}
+    assert body["sinks"]["monitoring"]["ok"] and body["sinks"]["monitoring"]["written"] == 2 * len(want) + 1
+
+    stored = deployment.alert_rows()
+    assert [(r["cluster"], r["run"], r["reason"], r["value"]) for r in stored] == [
+        (r["cluster"], r["run"], r["reason"], r["value"]) for r in want
+    ]
+    assert all(r["evaluated_at"] == NOW for r in stored)
+
+    latest = {
+        (k.labels["run"], k.labels["cluster"], k.labels["reason"]): p
+        for k, p in _series(monitoring).items()
+        if k.labels
+    }
+    for row in want:
+        for reason in ("spiking", "not_finite"):
+            point = latest[(row["run"], row["cluster"], reason)]
+            assert point.value == int(row["reason"] == reason)
+            assert point.end_time_ns == int(NOW.timestamp()) * 1_000_000_000
+    heartbeat = [p for k, p in _series(monitoring).items() if k.type.endswith("/runs_watched")]
+    assert [p.value for p in heartbeat] == [len(want)]
+    assert all(len(r.time_series) <= 200 for r in monitoring.requests)
+
+    log = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    [entry] = [e for e in log if e.get("message", "").startswith("lossspike tick")]
+    assert entry["severity"] == "INFO" and entry["runs_watched"] == len(want)
+    assert entry["counts"] == body["counts"] and entry["sinks"]["alerts_table"]["ok"]
+    assert isinstance(entry["query_ms"], int) and "bytes_processed" in entry
+
+
+def _series(fake: monserver.FakeMetricService) -> dict:
+    class Key:
+        def __init__(self, ts):
+            self.type = ts.metric.type
+            self.labels = dict(ts.metric.labels)
+
+    return {Key(p.series): p for p in fake.points}
+
+
+def test_retried_tick_writes_nothing_twice(emulator, monitoring, monkeypatch):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    deployment.load(fleet())
+    first = deployment.tick()
+    assert first.status_code == 200
+    points_after_first = len(monitoring.points)
+    second = deployment.tick()
+    assert second.status_code == 200, second.json
+    assert second.json["rows"] == first.json["rows"]
+    assert second.json["sinks"]["monitoring"]["already_written"] == points_after_first
+    assert len(monitoring.points) == points_after_first
+    stored = deployment.alert_rows()
+    assert len(stored) == len(first.json["rows"])
+    assert len({(r["evaluated_at"], r["cluster"], r["run"]) for r in stored}) == len(stored)
+
+
+def test_no_enrolled_run_writes_the_fleet_row(emulator, monitoring, monkeypatch):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    deployment.load([Sample(NOW - timedelta(minutes=1), 1.0, "ablation-only")])
+    response = deployment.tick()
+    assert response.status_code == 200
+    assert [(r["cluster"], r["job"], r["run"], r["reason"], r["value"]) for r in response.json["rows"]] == [
+        ("fleet", "", "", "healthy", 0)
+    ]
+    assert [(r["cluster"], r["run"]) for r in deployment.alert_rows()] == [("fleet", "")]
+    assert [(p.series.metric.type.rsplit("/", 1)[1], p.value) for p in monitoring.points] == [("runs_watched", 0)]
+
+
+def test_query_that_fails_once_is_retried(emulator, monitoring, monkeypatch):
+    faults = Faults(fail_next=1)
+    with faulty_proxy(emulator, faults) as proxied:
+        deployment = Deployment(emulator, monitoring, monkeypatch, bq_endpoint=proxied)
+        deployment.load(fleet())
+        response = deployment.tick()
+    assert response.status_code == 200, response.json
+    assert [status for _, _, status in faults.matching()][:2] == [503, 200]
+    assert len(deployment.alert_rows()) == len(response.json["rows"])
+
+
+def test_query_that_keeps_failing_fails_the_tick_and_writes_nothing(emulator, monitoring, monkeypatch, capsys):
+    faults = Faults(fail_all=True)
+    with faulty_proxy(emulator, faults) as proxied:
+        deployment = Deployment(emulator, monitoring, monkeypatch, bq_endpoint=proxied)
+        deployment.load(fleet())
+        started = time.monotonic()
+        response = deployment.tick()
+        elapsed = time.monotonic() - started
+    assert response.status_code == 500
+    assert response.json["ok"] is False and "503" in response.json["error"]
+    assert elapsed < 45, "a failing backend must fail the tick before Scheduler's 60 s attempt deadline"
+    assert deployment.alert_rows() == []
+    assert monitoring.points == []  # no heartbeat either: a failing evaluator looks dead
+    [entry] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "lossspike tick" in x]
+    assert entry["severity"] == "ERROR" and "injected backendError" in entry["message"]
+
+
+def test_monitoring_unavailable_still_writes_alert_rows(emulator, monitoring, monkeypatch, capsys):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    deployment.load(fleet())
+    monitoring.fail_next(1000)
+    response = deployment.tick()
+    assert response.status_code == 500
+    assert response.json["sinks"]["alerts_table"]["ok"] is True
+    assert response.json["sinks"]["monitoring"]["ok"] is False
+    assert "503 The service is currently unavailable" in response.json["sinks"]["monitoring"]["error"]
+    assert len(deployment.alert_rows()) == len(response.json["rows"])
+    [entry] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "lossspike tick" in x]
+    assert entry["severity"] == "ERROR" and "monitoring" in entry["message"]
+    # Scheduler's retry of the same tick then completes the metrics and changes no rows.
+    monitoring.reset()
+    retry = deployment.tick()
+    assert retry.status_code == 200 and retry.json["sinks"]["monitoring"]["written"] > 0
+    assert len(deployment.alert_rows()) == len(response.json["rows"])
+
+
+def test_ten_thousand_runs(emulator, monitoring, monkeypatch):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    runs = 10_000
+    deployment.load([Sample(NOW - timedelta(minutes=1), 2.0, f"hero-{i:05d}", cluster="c1") for i in range(runs)])
+    response = deployment.tick()
+    assert response.status_code == 200, response.json.get("error") or response.json["sinks"]
+    assert response.json["runs_watched"] == runs
+    assert response.json["sinks"]["monitoring"]["written"] == 2 * runs + 1
+    assert all(len(r.time_series) <= 200 for r in monitoring.requests)
+    assert len(monitoring.points) == 2 * runs + 1
+    [(count,)] = deployment.admin.query(f"SELECT COUNT(*) FROM `{deployment.alerts}`").result()
+    assert count == runs
+
+
+def test_bad_requests_get_4xx(emulator, monitoring, monkeypatch):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    bad_header = deployment.tick(headers={"X-CloudScheduler-ScheduleTime": "yesterday"})
+    assert bad_header.status_code == 400 and "X-CloudScheduler-ScheduleTime" in bad_header.json["error"]
+    naive = deployment.tick(headers={"X-CloudScheduler-ScheduleTime": "2026-11-30T12:00:00"})
+    assert naive.status_code == 400
+    wrong_method = deployment.tick(method="put")
+    assert wrong_method.status_code == 405 and "PUT" in wrong_method.json["error"]
+    assert deployment.alert_rows() == [] and monitoring.requests == []
+
+
+BAD_VALUES = {
+    "LOSSSPIKE_BACKEND": "postgres",
+    "LOSSSPIKE_DATABASE": " ",
+    "LOSSSPIKE_PROJECT": " ",
+    "LOSSSPIKE_LOCATION": "",
+    "LOSSSPIKE_TELEMETRY_TABLE": "p.d.t; DROP",
+    "LOSSSPIKE_ALERTS_TABLE": "`p`",
+    "LOSSSPIKE_METRIC_PREFIX": "lossspike",
+    "LOSSSPIKE_MAX_BYTES_BILLED": "-1",
+    "LOSSSPIKE_MONITORING": "sometimes",
+    "LOSSSPIKE_SERVICE": "",
+    "LOSSSPIKE_METRIC": " ",
+    "LOSSSPIKE_RUN_PATTERN": "",
+    "LOSSSPIKE_RUN_IDS": ",,",
+    "LOSSSPIKE_EXECUTION_UIDS": "a,,b",
+    "LOSSSPIKE_BASELINE_MINUTES": "an hour",
+    "LOSSSPIKE_RECENT_MINUTES": "0",
+    "LOSSSPIKE_SIGMA": "-6",
+    "LOSSSPIKE_MIN_RISE": "nan",
+    "LOSSSPIKE_MIN_BASELINE_SAMPLES": "20.5",
+    "LOSSSPIKE_MIN_RECENT_SAMPLES": "five",
+    "LOSSSPIKE_REFERENCE": "max",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_bad_configuration_fails_at_cold_start(name, tmp_path):
+    assert set(BAD_VALUES) == {o.env for o in OPTIONS}
+    env = {k: v for k, v in _clean_env().items()}
+    env.update(
+        LOSSSPIKE_BACKEND="bigquery",
+        LOSSSPIKE_TELEMETRY_TABLE="p.d.t",
+        LOSSSPIKE_ALERTS_TABLE="p.d.a",
+    )
+    env[name] = BAD_VALUES[name]
+    result = subprocess.run(
+        [sys.executable, "-c", "import main"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    first = json.loads(result.stdout.splitlines()[0])
+    assert first["severity"] == "ERROR" and name in first["message"]
+    assert "ConfigError" in result.stderr and name in result.stderr
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+
+
+def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
+    from lossspike.demo import write_demo_database
+
+    database = tmp_path / "laptop.duckdb"
+    write_demo_database(database, NOW)
+    monkeypatch.setenv("LOSSSPIKE_BACKEND", "duckdb")
+    monkeypatch.setenv("LOSSSPIKE_DATABASE", str(database))
+    from functions_framework import create_app
+
+    http = create_app("evaluate", str(REPO / "main.py")).test_client()
+    for _ in range(2):
+        response = http.post("/", headers=SCHEDULE_HEADER)
+        assert response.status_code == 200, response.json
+    assert response.json["counts"] == {"not_finite": 1, "warming_up": 1, "spiking": 1, "healthy": 2}
+    assert set(response.json["sinks"]) == {"alerts_table"}
+    sys.modules["main"]._BACKEND[0].source.close()
+    import duckdb
+
+    with duckdb.connect(str(database), read_only=True) as connection:
+        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (5,)
+
+
+def test_cold_start_imports_only_what_a_tick_needs():
+    code = (
+        "import sys, main; "
+        "print(','.join(m for m in ('duckdb', 'google.cloud.bigquery', 'google.cloud.monitoring_v3', 'matplotlib')"
+        " if m in sys.modules))"
+    )
+    env = {
+        **_clean_env(),
+        "LOSSSPIKE_BACKEND": "bigquery",
+        "LOSSSPIKE_TELEMETRY_TABLE": "p.d.t",
+        "LOSSSPIKE_ALERTS_TABLE": "p.d.a",
+    }
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "google.cloud.bigquery,google.cloud.monitoring_v3"
+    assert Path(REPO / "requirements.txt").read_text().count("duckdb") == 0
