@@ -13,9 +13,11 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+from google.api_core.exceptions import GoogleAPIError, RetryError
 from google.api_core.retry import Retry
 from google.cloud import bigquery
 
+from lossspike.evaluate import StoreError
 from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA
 from lossspike.settings import Settings
 from lossspike.sql import BIGQUERY, Query, quote_table
@@ -94,6 +96,14 @@ def merge_sql(alerts_table: str) -> str:
     )
 
 
+# What a job can fail with: an API error, retries running out, or the wait timing out.
+_FAILURES = (GoogleAPIError, RetryError, TimeoutError)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
 class BigQueryStore:
     """Runs the window query and writes alert rows with the real BigQuery client."""
 
@@ -106,7 +116,8 @@ class BigQueryStore:
         # What the last query cost, for the tick's log line.
         self.last_query: dict[str, Any] = {}
 
-    def _run(self, sql: str, parameters: list, component: str) -> bigquery.QueryJob:
+    def _run(self, sql: str, parameters: list, component: str) -> tuple[bigquery.QueryJob, Any]:
+        """Run one query job to completion; (job, its result rows)."""
         config = bigquery.QueryJobConfig(
             query_parameters=parameters,
             labels={**JOB_LABELS, "component": component},
@@ -122,14 +133,16 @@ class BigQueryStore:
             job_retry=None,
             timeout=REQUEST_TIMEOUT_SECONDS,
         )
-        job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS)
-        return job
+        return job, job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS)
 
     def fetch(self, query: Query) -> pa.Table:
         """Run the window query; the result as an Arrow table, read without the Storage API."""
         started = time.perf_counter()
-        job = self._run(query.sql, query_parameters(query.params), "evaluate")
-        table = job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS).to_arrow(create_bqstorage_client=False)
+        try:
+            job, rows = self._run(query.sql, query_parameters(query.params), "evaluate")
+            table = rows.to_arrow(create_bqstorage_client=False)
+        except _FAILURES as error:
+            raise StoreError(f"BigQuery query failed: {_one_line(error)}") from error
         self.last_query = {
             "job_id": job.job_id,
             "query_ms": round((time.perf_counter() - started) * 1000),
@@ -149,5 +162,8 @@ class BigQueryStore:
         for start in range(0, len(rows), MAX_ROWS_PER_MERGE):
             chunk = rows[start : start + MAX_ROWS_PER_MERGE]
             parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk)]
-            self._run(sql, parameters, "write")
+            try:
+                self._run(sql, parameters, "write")
+            except _FAILURES as error:
+                raise StoreError(f"writing {self.settings.alerts_table} failed: {_one_line(error)}") from error
         return len(rows)

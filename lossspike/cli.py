@@ -48,7 +48,9 @@ def _add_rule_flags(parser: argparse.ArgumentParser) -> None:
     by_key = {o.key: o for o in OPTIONS}
     for key in _RULE_FLAGS:
         option = by_key[key]
-        group.add_argument(option.flag, dest=key, metavar=key.upper(), help=f"{option.help} [{default_text(key)}]")
+        # argparse %-formats help; the run pattern's default has a literal %.
+        help_text = f"{option.help} [{default_text(key)}]".replace("%", "%%")
+        group.add_argument(option.flag, dest=key, metavar=key.upper(), help=help_text)
 
 
 def _add_now(parser: argparse.ArgumentParser) -> None:
@@ -300,7 +302,7 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
     from lossspike.backtest import BacktestError
-    from lossspike.duckdb_store import StoreError
+    from lossspike.evaluate import StoreError
 
     try:
         args = build_parser().parse_args(argv)

@@ -8,12 +8,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from lossspike.evaluate import StoreError
 from lossspike.schema import ALERT_COLUMNS, TELEMETRY_COLUMNS, alerts_table_ddl, alerts_to_arrow
 from lossspike.sql import DUCKDB, Query, quote_table
-
-
-class StoreError(RuntimeError):
-    """The database cannot serve the evaluation: missing file, table or column."""
 
 
 class DuckDBStore:

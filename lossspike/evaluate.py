@@ -12,6 +12,10 @@ from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, loss_window_query
 
 
+class StoreError(RuntimeError):
+    """A backend cannot serve the evaluation: missing file, table or column, or a failed job."""
+
+
 class Source(Protocol):
     """A backend that can run the window query."""
 

@@ -38,6 +38,7 @@ class Dialect:
     finite: str
     newest: str  # the value of the newest row by a key, NULLs skipped
     in_list: str
+    minute_index: str  # whole UTC minutes since the epoch, rounded down
 
 
 BIGQUERY = Dialect(
@@ -50,6 +51,7 @@ BIGQUERY = Dialect(
     finite="NOT (IS_NAN({0}) OR IS_INF({0}))",
     newest="MAX_BY({}, {})",
     in_list="{} IN UNNEST({})",
+    minute_index="DIV(UNIX_MICROS(TIMESTAMP_TRUNC({}, MINUTE)), 60000000)",
 )
 
 DUCKDB = Dialect(
@@ -62,6 +64,8 @@ DUCKDB = Dialect(
     finite="isfinite({0})",
     newest="arg_max({}, {})",
     in_list="list_contains({1}, {0})",
+    # Integer arithmetic, not date_trunc: no time zone to consult, three times faster.
+    minute_index="CAST(floor(epoch_us({}) / 60000000) AS BIGINT)",
 )
 
 DIALECTS = {d.name: d for d in (BIGQUERY, DUCKDB)}
@@ -127,20 +131,25 @@ def window_bounds(now: datetime, thresholds: Thresholds) -> tuple[datetime, date
     )
 
 
-def loss_window_query(
-    dialect: Dialect, table: str, now: datetime, thresholds: Thresholds, selection: Selection
-) -> Query:
-    """Build the query enrolling runs and reducing their baseline and recent windows."""
+def samples_cte(
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object],
+    start: str,
+    end: str,
+    extra_columns: tuple[str, ...] = (),
+) -> str:
+    """`WITH samples AS (...)`: the watched runs' Levanter samples in [@start, @end).
+
+    Adds the selection's parameters to `params`. Every sample enrolls its run;
+    `is_loss` marks the ones the windows reduce (the loss metric, and the
+    attempts when given), `finite` the ones the statistics take.
+    """
     d = dialect
     p = d.param.format
-    baseline_start, recent_start = window_bounds(now, thresholds)
-    params: dict[str, object] = {
-        "baseline_start": baseline_start,
-        "recent_start": recent_start,
-        "now": now,
-        "service": selection.service,
-        "metric": selection.metric,
-    }
+    params["service"] = selection.service
+    params["metric"] = selection.metric
     if selection.run_ids:
         params["run_ids"] = list(selection.run_ids)
         runs = d.in_list.format("run_id", p("run_ids"))
@@ -151,34 +160,61 @@ def loss_window_query(
     if selection.execution_uids:
         params["execution_uids"] = list(selection.execution_uids)
         is_loss += " AND " + d.in_list.format("execution_uid", p("execution_uids"))
+    columns = [
+        "COALESCE(NULLIF(cluster, ''), 'unknown') AS cluster",
+        "run_id",
+        "job_id",
+        "timestamp",
+        "value",
+        f"COALESCE({is_loss}, FALSE) AS is_loss",
+        f"{d.finite.format('value')} AS finite",
+        *extra_columns,
+    ]
+    listed = ",\n    ".join(columns)
+    return f"""WITH samples AS (
+  SELECT
+    {listed}
+  FROM {quote_table(d, table)}
+  WHERE timestamp >= {p(start)}
+    AND timestamp < {p(end)}
+    AND service = {p("service")}
+    AND value IS NOT NULL
+    AND {runs}
+)"""
+
+
+def newest_job(dialect: Dialect) -> str:
+    """The newest non-empty job_id among a group's samples, NULL if none."""
+    return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format("job_id <> ''", "timestamp"))
+
+
+def loss_window_query(
+    dialect: Dialect, table: str, now: datetime, thresholds: Thresholds, selection: Selection
+) -> Query:
+    """Build the query enrolling runs and reducing their baseline and recent windows."""
+    d = dialect
+    baseline_start, recent_start = window_bounds(now, thresholds)
+    params: dict[str, object] = {"baseline_start": baseline_start, "recent_start": recent_start, "now": now}
+    samples = samples_cte(
+        d,
+        table,
+        selection,
+        params,
+        "baseline_start",
+        "now",
+        (f"timestamp >= {d.param.format('recent_start')} AS recent",),
+    )
 
     def stat(fn: str, condition: str) -> str:
         return f"{fn}({d.if_.format(condition, 'value')})"
 
     baseline = "is_loss AND NOT recent AND finite"
     recent = "is_loss AND recent AND finite"
-    newest_job = d.newest.format("NULLIF(job_id, '')", d.if_.format("job_id <> ''", "timestamp"))
-    sql = f"""WITH samples AS (
-  SELECT
-    COALESCE(NULLIF(cluster, ''), 'unknown') AS cluster,
-    run_id,
-    job_id,
-    timestamp,
-    value,
-    COALESCE({is_loss}, FALSE) AS is_loss,
-    timestamp >= {p("recent_start")} AS recent,
-    {d.finite.format("value")} AS finite
-  FROM {quote_table(d, table)}
-  WHERE timestamp >= {p("baseline_start")}
-    AND timestamp < {p("now")}
-    AND service = {p("service")}
-    AND value IS NOT NULL
-    AND {runs}
-)
+    sql = f"""{samples}
 SELECT
   cluster,
   run_id,
-  COALESCE({newest_job}, '') AS job,
+  COALESCE({newest_job(d)}, '') AS job,
   {d.count_if.format(baseline)} AS baseline_samples,
   {stat("AVG", baseline)} AS baseline_mean,
   {stat("STDDEV_SAMP", baseline)} AS baseline_stddev,

@@ -54,8 +54,7 @@ def _require_tools() -> None:
     missing = [str(p) for p in (TERRAFORM, CHECKOV, CLI_CONFIG) if not p.exists()]
     if missing:
         pytest.fail(
-            "offline Terraform toolchain missing (" + ", ".join(missing) + "): run "
-            "`bash tools/terraform/setup.sh`",
+            "offline Terraform toolchain missing (" + ", ".join(missing) + "): run `bash tools/terraform/setup.sh`",
             pytrace=False,
         )
 

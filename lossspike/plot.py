@@ -1,0 +1,254 @@
+"""One run's loss and the rule's view of it, as a PNG an on-call engineer reads at a glance.
+
+The raw samples, then at every tick of a backtest: the baseline reference, the
+band the recent floor must clear, the recent floor itself, and the alert
+episodes shaded by reason. matplotlib is an optional extra (`lossspike[plot]`),
+imported only here and only when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest, describe
+from lossspike.evaluate import Source
+from lossspike.rule import NOT_FINITE, SPIKING, WARMING_UP, band, reference
+from lossspike.settings import Settings
+from lossspike.sql import Query, quote_table
+from lossspike.times import format_rfc3339
+
+# One colour per reason, shared by the shading and the legend.
+REASON_COLOURS = {SPIKING: "#d62728", NOT_FINITE: "#9467bd", WARMING_UP: "#bdbdbd"}
+_SAMPLES = "#7fa7cf"
+_REFERENCE = "#444444"
+_BAND = "#ff7f0e"
+_FLOOR = "#2ca02c"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise BacktestError("plotting needs matplotlib: pip install 'lossspike[plot]'") from None
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    return pyplot
+
+
+def samples_query(source: Source, settings: Settings, cluster: str, run: str, start: datetime, end: datetime) -> Query:
+    """The run's raw loss samples in [start, end), oldest first, filtered as the tick query filters them."""
+    d = source.dialect
+    p = d.param.format
+    selection = settings.selection
+    params: dict[str, object] = {
+        "start": start,
+        "end": end,
+        "service": selection.service,
+        "metric": selection.metric,
+        "run_id": run,
+        "cluster": cluster,
+    }
+    attempts = ""
+    if selection.execution_uids:
+        params["execution_uids"] = list(selection.execution_uids)
+        attempts = "\n  AND " + d.in_list.format("execution_uid", p("execution_uids"))
+    sql = f"""SELECT timestamp, value
+FROM {quote_table(d, settings.telemetry_table)}
+WHERE timestamp >= {p("start")}
+  AND timestamp < {p("end")}
+  AND service = {p("service")}
+  AND name = {p("metric")}
+  AND run_id = {p("run_id")}
+  AND COALESCE(NULLIF(cluster, ''), 'unknown') = {p("cluster")}
+  AND value IS NOT NULL{attempts}
+ORDER BY timestamp"""
+    return Query(sql, params)
+
+
+def _pick(result: Backtest, run: str, cluster: str | None) -> RunHistory:
+    histories = [h for h in result.runs if cluster is None or h.cluster == cluster]
+    where = f" on cluster {cluster!r}" if cluster is not None else ""
+    span = f"{format_rfc3339(result.ticks[0])} .. {format_rfc3339(result.ticks[-1])}"
+    if not histories:
+        raise BacktestError(f"run {run!r}{where} has no samples in the windows of the ticks {span}")
+    if len(histories) > 1:
+        names = ", ".join(h.cluster for h in histories)
+        raise BacktestError(f"run {run!r} is on clusters {names}: choose one with --cluster")
+    return histories[0]
+
+
+def _episodes(history: RunHistory, ticks: list[datetime]) -> list[tuple[str, datetime, datetime]]:
+    """(reason, first tick, last tick) of each stretch of one non-healthy reason."""
+    spans = []
+    for i, _ in enumerate(ticks):
+        reason = history.reason(i)
+        if reason not in REASON_COLOURS:
+            continue
+        if spans and spans[-1][0] == reason and spans[-1][3] == i - 1:
+            spans[-1] = (reason, spans[-1][1], ticks[i], i)
+        else:
+            spans.append((reason, ticks[i], ticks[i], i))
+    return [(reason, first, last) for reason, first, last, _ in spans]
+
+
+def plot_run(
+    source: Source,
+    settings: Settings,
+    run: str,
+    ticks: list[datetime],
+    output: Path,
+    cluster: str | None = None,
+) -> Path:
+    """Backtest one run over `ticks` and draw it to `output` (PNG); return the path written."""
+    pyplot = _pyplot()
+    from matplotlib import dates as mdates
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    settings = replace(settings, selection=replace(settings.selection, run_ids=(run,)))
+    [result] = backtest(source, settings, ticks, detail=True)
+    history = _pick(result, run, cluster)
+    t = result.thresholds
+    every = timedelta(minutes=result.every_minutes)
+    start, end = ticks[0] - timedelta(minutes=t.recent_minutes), ticks[-1]
+    raw = source.fetch(samples_query(source, settings, history.cluster, run, start, end))
+    times = raw.column("timestamp").to_pylist()
+    values = np.array(raw.column("value").to_pylist(), dtype=float)
+    if not len(values):
+        raise BacktestError(
+            f"run {run!r} on cluster {history.cluster!r} has no {settings.selection.metric} samples"
+            f" between {format_rfc3339(start)} and {format_rfc3339(end)}"
+        )
+
+    levels, limits, floors = [], [], []
+    for windows in history.windows or []:
+        levels.append(_value(None if windows is None else reference(windows, t)))
+        limits.append(_value(None if windows is None else band(windows, t)))
+        floors.append(_value(None if windows is None else windows.recent_floor))
+    levels_a, limits_a, floors_a = (np.array(x, dtype=float) for x in (levels, limits, floors))
+
+    finite = np.isfinite(values)
+    lines = np.concatenate([levels_a, limits_a, floors_a])
+    lines = lines[np.isfinite(lines)]
+    basis = values[finite]
+    low_high = [np.percentile(basis, 0.5), np.percentile(basis, 99.5)] if len(basis) else []
+    if len(lines):
+        low_high += [lines.min(), lines.max()]
+    low, high = (min(low_high), max(low_high)) if low_high else (0.0, 1.0)
+    pad = 0.08 * (high - low) if high > low else 0.1 * max(abs(high), 1.0)
+    bottom, top = low - pad, high + pad * 2
+
+    figure, axes = pyplot.subplots(figsize=(13, 5.5), dpi=110, layout="constrained")
+    sample_times = np.array(times, dtype=object)
+    on_scale = finite & (values >= bottom) & (values <= top)
+    axes.plot(
+        sample_times[on_scale],
+        values[on_scale],
+        ".",
+        color=_SAMPLES,
+        markersize=3,
+        label=f"{settings.selection.metric} samples",
+    )
+    above, below = finite & (values > top), finite & (values < bottom)
+    inset = (top - bottom) * 0.02
+    if above.any():
+        axes.plot(sample_times[above], np.full(above.sum(), top - inset), "^", color=_SAMPLES, label="sample off scale")
+    if below.any():
+        axes.plot(sample_times[below], np.full(below.sum(), bottom + inset), "v", color=_SAMPLES)
+    if (~finite).any():
+        axes.plot(
+            sample_times[~finite],
+            np.full((~finite).sum(), top - 3 * inset),
+            "x",
+            color=REASON_COLOURS[NOT_FINITE],
+            markersize=6,
+            label="NaN or infinite sample",
+        )
+
+    # Each tick's verdict holds until the next tick: draw steps through one interval past the last.
+    tick_times = [*ticks, ticks[-1] + every]
+    levels_a, limits_a, floors_a = (np.append(a, a[-1]) for a in (levels_a, limits_a, floors_a))
+    axes.plot(
+        tick_times,
+        levels_a,
+        drawstyle="steps-post",
+        color=_REFERENCE,
+        linestyle="--",
+        linewidth=1.3,
+        label=f"baseline {t.reference} (reference)",
+    )
+    axes.plot(
+        tick_times,
+        limits_a,
+        drawstyle="steps-post",
+        color=_BAND,
+        linewidth=1.8,
+        label=f"band = reference + max({t.min_rise:g}, {t.sigma:g} x stddev)",
+    )
+    axes.plot(
+        tick_times,
+        floors_a,
+        drawstyle="steps-post",
+        color=_FLOOR,
+        linewidth=2.2,
+        label=f"recent floor (min of last {t.recent_minutes} min)",
+    )
+
+    shown = []
+    for reason, first, last in _episodes(history, list(ticks)):
+        axes.axvspan(first, last + every, color=REASON_COLOURS[reason], alpha=0.22, linewidth=0)
+        if reason != WARMING_UP:
+            axes.annotate(
+                f"{reason} from {first:%H:%M} ",
+                xy=(first, top - inset),
+                ha="right",
+                va="top",
+                fontsize=8.5,
+                color=REASON_COLOURS[reason],
+            )
+        if reason not in shown:
+            shown.append(reason)
+    handles, labels = axes.get_legend_handles_labels()
+    for reason in (SPIKING, NOT_FINITE, WARMING_UP):
+        if reason in shown:
+            paging = "" if reason == WARMING_UP else ", pages"
+            handles.append(Patch(color=REASON_COLOURS[reason], alpha=0.35, linewidth=0))
+            labels.append(f"{reason}{paging}")
+    if not shown:
+        handles.append(Line2D([], [], linestyle="none"))
+        labels.append("no alert in this range")
+    axes.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)
+
+    x_start, x_end = start, ticks[-1] + every
+    axes.set_xlim(x_start, x_end)
+    axes.set_ylim(bottom, top)
+    one_day = x_start.date() == x_end.date() or x_end - x_start <= timedelta(hours=12)
+    axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M" if one_day else "%m-%d %H:%M", tz=x_start.tzinfo))
+    days = f"{x_start:%Y-%m-%d}" + ("" if x_start.date() == x_end.date() else f" to {x_end:%Y-%m-%d}")
+    axes.set_xlabel(f"time (UTC), {days}")
+    axes.set_ylabel(settings.selection.metric)
+    axes.grid(True, color="#e6e6e6", linewidth=0.8)
+    axes.set_axisbelow(True)
+    axes.set_title(
+        f"{run} on {history.cluster}: {len(ticks)} ticks every {result.every_minutes} min"
+        f" from {format_rfc3339(ticks[0])} to {format_rfc3339(ticks[-1])}\n{describe(t)}",
+        fontsize=10.5,
+    )
+    try:
+        figure.savefig(output, format="png")
+    except OSError as error:
+        raise BacktestError(f"cannot write {output}: {error.strerror or error}") from None
+    finally:
+        pyplot.close(figure)
+    return output
+
+
+def _value(number: float | None) -> float:
+    return math.nan if number is None or not math.isfinite(number) else number

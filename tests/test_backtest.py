@@ -1,0 +1,300 @@
+"""Backtest: one pass over the history gives what `evaluate` gives at every tick, and its CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+import sqlglot
+from conftest import NOW, load_telemetry
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import Sample, _close, expected
+from test_cli import _one_line_error, lossspike
+
+from lossspike.backtest import backtest, tick_times
+from lossspike.duckdb_store import DuckDBStore
+from lossspike.evaluate import evaluate
+from lossspike.rule import Thresholds
+from lossspike.settings import Settings
+from lossspike.sql import BIGQUERY, Query, Selection
+
+NOW_TEXT = "2026-11-30T12:00:00Z"
+STAT_KEYS = (
+    "baseline_mean",
+    "baseline_stddev",
+    "baseline_floor",
+    "recent_mean",
+    "recent_floor",
+    "recent_peak",
+    "reference",
+    "band",
+)
+
+# (baseline minutes, recent minutes): short windows keep examples small, Marin's keep them honest.
+WINDOWS = st.sampled_from([(3, 1), (10, 2), (20, 5), (60, 5)])
+
+
+@st.composite
+def histories(draw) -> tuple[list[Sample], list, Thresholds, Selection]:
+    """Random runs over a range of ticks: late starts, early stops, gaps, level shifts, NaNs and junk rows."""
+    baseline, recent = draw(WINDOWS)
+    every = draw(st.sampled_from([1, 1, 2, 3]))
+    count = draw(st.integers(1, 12))
+    last = NOW - timedelta(minutes=draw(st.integers(0, 3)))
+    ticks = [last - timedelta(minutes=every * (count - 1 - i)) for i in range(count)]
+    t = Thresholds(
+        baseline_minutes=baseline,
+        recent_minutes=recent,
+        sigma=draw(st.sampled_from([0.0, 1.0, 6.0])),
+        min_rise=draw(st.sampled_from([0.0, 0.05, 0.5])),
+        min_baseline_samples=draw(st.integers(1, 12)),
+        min_recent_samples=draw(st.integers(1, 5)),
+        reference=draw(st.sampled_from(["mean", "floor"])),
+    )
+    selection = draw(st.sampled_from([Selection(), Selection(execution_uids=("e1",)), Selection(run_pattern="%")]))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    span_start = ticks[0] - timedelta(minutes=baseline + 2)
+    span = (ticks[-1] + timedelta(minutes=1) - span_start).total_seconds()
+    samples = []
+    for run in range(draw(st.integers(0, 4))):
+        run_id = rng.choice(["hero-a", "hero-b", "side-run", "hero-ünï"]) if run else "hero-a"
+        cluster = rng.choice(["c1", "c2", "", None])
+        cadence = rng.choice([5.0, 15.0, 30.0, 60.0])
+        aligned = rng.random() < 0.5  # on whole seconds from a minute, so samples land on bucket edges
+        begin = rng.uniform(0, span * 0.8) if rng.random() < 0.4 else 0.0  # a late start
+        stop = rng.uniform(begin, span) if rng.random() < 0.3 else span  # an early stop
+        gap = sorted(rng.uniform(begin, stop) for _ in range(2)) if rng.random() < 0.3 else [0.0, 0.0]
+        level, noise = rng.uniform(-2, 8), rng.choice([0.0, 0.001, 0.05, 0.5])
+        shift_at, shift = rng.uniform(0, span), rng.choice([0.0, 0.04, 0.3, 3.0, -1.0])
+        nan_rate = rng.choice([0.0, 0.0, 0.02, 0.2])
+        second = begin if aligned else begin + rng.uniform(0, cadence)
+        while second < stop:
+            if not gap[0] <= second < gap[1]:
+                value: float | None = level + noise * rng.uniform(-1, 1) + (shift if second >= shift_at else 0.0)
+                roll = rng.random()
+                if roll < nan_rate:
+                    value = rng.choice([math.nan, math.inf, -math.inf])
+                elif roll < nan_rate + 0.03:
+                    value = rng.choice([None, 1e30, -1e30])
+                micros = round(second) * 1_000_000 if aligned else int(second * 1_000_000)
+                samples.append(
+                    Sample(
+                        span_start + timedelta(microseconds=micros),
+                        value,
+                        run_id,
+                        cluster=cluster,
+                        name=rng.choice(["train_loss"] * 5 + ["grad_norm"]),
+                        service=rng.choice(["levanter"] * 15 + ["other"]),
+                        job_id=rng.choice(["job-1", "job-2", "", None]),
+                        execution_uid=rng.choice(["e1", "e1", "e2", None]),
+                    )
+                )
+            second += cadence
+    return samples, ticks, t, selection
+
+
+_STORE: list[DuckDBStore] = []
+
+
+def _store(samples: list[Sample]) -> DuckDBStore:
+    if not _STORE:
+        _STORE.append(DuckDBStore(":memory:"))
+    store = _STORE[0]
+    store.connection.execute("DROP TABLE IF EXISTS telemetry")
+    load_telemetry(store.connection, samples)
+    return store
+
+
+def assert_same_verdicts(got: list[dict], want: list[dict], samples: list[Sample], t: Thresholds, sel: Selection):
+    """Backtest rows equal evaluate's: counts and reasons exact, statistics within float rounding."""
+    assert [(r["cluster"], r["run"]) for r in got] == [(r["cluster"], r["run"]) for r in want]
+    finite = [abs(s.value) for s in samples if s.value is not None and math.isfinite(s.value)]
+    scale = max([1.0, *finite])
+    for g, w in zip(got, want, strict=True):
+        where = (w["evaluated_at"], w["cluster"], w["run"])
+        assert g["evaluated_at"] == w["evaluated_at"]
+        for key in ("baseline_samples", "recent_samples", "recent_not_finite"):
+            assert g[key] == w[key], (where, key, g[key], w[key])
+        for key in STAT_KEYS:
+            assert _close(g[key], w[key], scale), (where, key, g[key], w[key])
+        if g["job"] != w["job"]:
+            # Two jobs with the same newest timestamp: either engine may pick either.
+            oracle = next(r for r in expected(samples, w["evaluated_at"], t, sel) if r["run"] == w["run"])
+            assert {g["job"], w["job"]} <= oracle["job"], where
+        if g["reason"] != w["reason"]:
+            assert {g["reason"], w["reason"]} == {"spiking", "healthy"}, (where, g["reason"], w["reason"])
+            assert _close(w["recent_floor"], w["band"], scale), (where, w["recent_floor"], w["band"])
+        else:
+            assert g["value"] == w["value"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=histories())
+def test_backtest_matches_evaluate_at_every_tick(case):
+    samples, ticks, t, selection = case
+    store = _store(samples)
+    config = Settings(thresholds=t, selection=selection)
+    [result] = backtest(store, config, ticks, detail=True)
+    assert result.ticks == ticks
+    for i, tick in enumerate(ticks):
+        assert_same_verdicts(result.rows_at(i), evaluate(store, config, tick), samples, t, selection)
+
+
+def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
+    ticks = tick_times(NOW - timedelta(minutes=60), NOW)
+    calls = []
+
+    class Counting(DuckDBStore):
+        def fetch(self, query: Query) -> pa.Table:
+            calls.append(query)
+            return super().fetch(query)
+
+    base, loose = Thresholds(), Thresholds(sigma=0.0, min_rise=0.01, reference="floor", baseline_minutes=90)
+    with Counting(demo_db, read_only=True) as store:
+        strict_result, loose_result = backtest(store, Settings(), ticks, [base, loose], detail=True)
+        assert len(calls) == 1
+        assert calls[0].params["range_start"] == ticks[0] - timedelta(minutes=90)
+        for variant, result in ((base, strict_result), (loose, loose_result)):
+            for i in (0, 30, 60):
+                config = Settings(thresholds=variant)
+                assert_same_verdicts(result.rows_at(i), evaluate(store, config, ticks[i]), [], variant, Selection())
+    assert loose_result.summary()["pages"] > strict_result.summary()["pages"]
+
+
+def test_episodes_on_the_demo(demo_db):
+    ticks = tick_times(NOW - timedelta(minutes=60), NOW + timedelta(minutes=10))
+    with DuckDBStore(demo_db, read_only=True) as store:
+        [result] = backtest(store, Settings(), ticks)
+    episodes = {(e.run, e.reason): e for e in result.episodes()}
+    assert set(episodes) == {("hero-qwen-32b", "spiking"), ("hero-gemma-2b", "not_finite")}
+    spike = episodes["hero-qwen-32b", "spiking"]
+    assert spike.first_tick == NOW and spike.ticks == (spike.last_tick - spike.first_tick) // timedelta(minutes=1) + 1
+    assert spike.max_margin > 0.4
+    assert episodes["hero-gemma-2b", "not_finite"].max_margin is None
+    summary = result.summary()
+    assert summary["runs"] == 5 and summary["pages"] == 2
+    assert summary["pages_by_reason"] == {"spiking": 1, "not_finite": 1}
+    assert summary["pages_per_run_day"] == pytest.approx(2 / summary["run_days"])
+
+
+def test_ticks_are_whole_minutes_and_ranges_are_checked():
+    start = NOW + timedelta(seconds=1)
+    assert tick_times(start, NOW + timedelta(minutes=7), 3) == [NOW + timedelta(minutes=m) for m in (1, 4, 7)]
+    assert tick_times(NOW, NOW) == [NOW]
+    for bad, message in (
+        ((NOW, NOW - timedelta(minutes=1)), "before start"),
+        ((start, start + timedelta(seconds=30)), "no whole minute"),
+        ((NOW, NOW + timedelta(days=40)), "31 days"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            tick_times(*bad)
+    with pytest.raises(ValueError, match="every"):
+        tick_times(NOW, NOW, 0)
+
+
+class TranspiledBigQuery(DuckDBStore):
+    """Runs the BigQuery rendering on DuckDB after sqlglot transpiles it."""
+
+    dialect = BIGQUERY
+
+    def fetch(self, query: Query) -> pa.Table:
+        tree = sqlglot.parse_one(query.sql, read="bigquery", error_level=sqlglot.ErrorLevel.RAISE)
+        assert {p.name for p in tree.find_all(sqlglot.exp.Parameter)} == set(query.params)
+        [duck_sql] = sqlglot.transpile(query.sql, read="bigquery", write="duckdb")
+        return self.connection.sql(duck_sql, params=query.params).to_arrow_table()
+
+
+def test_bigquery_rendering_gives_the_same_backtest(demo_db):
+    ticks = tick_times(NOW - timedelta(minutes=30), NOW)
+    with DuckDBStore(demo_db, read_only=True) as duck:
+        [want] = backtest(duck, Settings(), ticks)
+    with TranspiledBigQuery(demo_db, read_only=True) as bigquery:
+        [got] = backtest(bigquery, Settings(), ticks)
+    assert [(h.cluster, h.run, h.codes.tolist()) for h in got.runs] == [
+        (h.cluster, h.run, h.codes.tolist()) for h in want.runs
+    ]
+    assert got.episodes() == want.episodes()
+
+
+# --- the command line ---------------------------------------------------------
+
+
+def test_backtest_cli_json_and_table(demo_db):
+    args = ("backtest", "--database", str(demo_db), "--start", "2026-11-30T11:00:00Z", "--end", NOW_TEXT)
+    result = lossspike(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    report = json.loads(result.stdout)
+    assert report["ticks"] == 61 and report["start"] == "2026-11-30T11:00:00Z" and report["end"] == NOW_TEXT
+    [variant] = report["variants"]
+    assert variant["summary"]["pages"] == 2
+    runs = {r["run"]: r for r in variant["runs"]}
+    assert [e["reason"] for e in runs["hero-qwen-32b"]["episodes"]] == ["spiking"]
+    assert runs["hero-qwen-32b"]["episodes"][0]["first_tick"] == NOW_TEXT
+    assert runs["hero-llama-8b"]["pages"] == 0
+    assert "ablation-lr-sweep" not in runs
+
+    table = lossspike(*args)
+    assert table.returncode == 0, table.stderr
+    assert "episodes" in table.stdout and "hero-qwen-32b" in table.stdout and "spiking" in table.stdout
+
+
+def test_backtest_cli_compares_two_rules(demo_db):
+    result = lossspike(
+        "backtest",
+        "--database",
+        str(demo_db),
+        "--start",
+        "2026-11-30T11:00:00Z",
+        "--end",
+        NOW_TEXT,
+        "--format",
+        "json",
+        "--sigma",
+        "6",
+        "--compare",
+        "sigma=0",
+        "--compare",
+        "min-rise=0.01",
+        "--compare",
+        "reference=floor",
+    )
+    assert result.returncode == 0, result.stderr
+    a, b = json.loads(result.stdout)["variants"]
+    assert (a["name"], b["name"]) == ("A", "B")
+    assert a["thresholds"]["sigma"] == 6 and b["thresholds"]["sigma"] == 0 and b["thresholds"]["reference"] == "floor"
+    assert b["summary"]["pages"] > a["summary"]["pages"]
+    table = lossspike("backtest", "--database", str(demo_db), "--end", NOW_TEXT, "--compare", "sigma=1")
+    assert table.returncode == 0, table.stderr
+    assert "rule A:" in table.stdout and "rule B:" in table.stdout and "pages B" in table.stdout
+
+
+def test_backtest_cli_bad_input(demo_db, tmp_path):
+    db = str(demo_db)
+    base = ("backtest", "--database", db)
+    _one_line_error(lossspike(*base, "--start", "yesterday"), "--start", "RFC 3339")
+    _one_line_error(lossspike(*base, "--end", "2026-11-30T12:00:00"), "--end", "offset")
+    _one_line_error(
+        lossspike(*base, "--start", NOW_TEXT, "--end", "2026-11-30T11:00:00Z"), "--start/--end", "before start"
+    )
+    _one_line_error(lossspike(*base, "--start", "2026-10-01T00:00:00Z", "--end", NOW_TEXT), "31 days")
+    _one_line_error(lossspike(*base, "--every", "0", "--end", NOW_TEXT), "every")
+    _one_line_error(lossspike(*base, "--every", "five"), "--every")
+    _one_line_error(lossspike(*base, "--compare", "sgima=4"), "--compare", "sigma")
+    _one_line_error(lossspike(*base, "--compare", "sigma"), "--compare", "KEY=VALUE")
+    _one_line_error(lossspike(*base, "--compare", "sigma=-1"), "--compare", ">= 0")
+    _one_line_error(lossspike(*base, "--format", "xml"), "--format")
+    _one_line_error(lossspike(*base, "--reference", "median"), "mean, floor")
+    _one_line_error(lossspike("backtest", "--database", str(tmp_path / "missing.duckdb")), "not found")
+
+
+def test_backtest_and_plot_help():
+    for command in ("backtest", "plot"):
+        result = lossspike(command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "--start" in result.stdout and "[hero-%]" in result.stdout
