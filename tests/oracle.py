@@ -133,6 +133,19 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
     return rows
 
 
+# The floating-point columns of an alert row, compared within rounding.
+STAT_KEYS = (
+    "baseline_mean",
+    "baseline_stddev",
+    "baseline_floor",
+    "recent_mean",
+    "recent_floor",
+    "recent_peak",
+    "reference",
+    "band",
+)
+
+
 def _close(a: float | None, b: float | None, scale: float) -> bool:
     if a is None or b is None:
         return a is b
@@ -152,16 +165,7 @@ def assert_rows_match(actual: list[dict], wanted: list[dict], samples: list[Samp
         assert got["evaluated_at"] == want["evaluated_at"], where
         for key in ("baseline_samples", "recent_samples", "recent_not_finite"):
             assert got[key] == want[key], (where, key)
-        for key in (
-            "baseline_mean",
-            "baseline_stddev",
-            "baseline_floor",
-            "recent_mean",
-            "recent_floor",
-            "recent_peak",
-            "reference",
-            "band",
-        ):
+        for key in STAT_KEYS:
             assert _close(got[key], want[key], scale), (where, key, got[key], want[key])
         if got["reason"] != want["reason"]:
             # Only a floor within rounding of the band may fall either side of it.

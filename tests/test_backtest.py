@@ -13,7 +13,7 @@ import sqlglot
 from conftest import NOW, load_telemetry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import Sample, _close, expected
+from oracle import STAT_KEYS, Sample, _close, expected
 from test_cli import _one_line_error, lossspike
 
 from lossspike.backtest import backtest, tick_times
@@ -24,16 +24,6 @@ from lossspike.settings import Settings
 from lossspike.sql import BIGQUERY, Query, Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
-STAT_KEYS = (
-    "baseline_mean",
-    "baseline_stddev",
-    "baseline_floor",
-    "recent_mean",
-    "recent_floor",
-    "recent_peak",
-    "reference",
-    "band",
-)
 
 # (baseline minutes, recent minutes): short windows keep examples small, Marin's keep them honest.
 WINDOWS = st.sampled_from([(3, 1), (10, 2), (20, 5), (60, 5)])
