@@ -57,8 +57,8 @@ class Thresholds:
             raise ValueError("; ".join(problems))
 
 
-def threshold_problems(t: Thresholds) -> list[str]:
-    """Return one message per invalid threshold, naming it and what it accepts."""
+def threshold_problems(t: Any) -> list[str]:
+    """Return one message per invalid threshold of `t` (any object with Thresholds' fields)."""
     problems = []
     for name in ("baseline_minutes", "recent_minutes", "min_baseline_samples", "min_recent_samples"):
         value = getattr(t, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 from typing import Any
 
 from lossspike.rule import REFERENCES, Thresholds, threshold_problems
@@ -199,14 +200,11 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
         raise ConfigError("; ".join(problems))
 
     groups = {cls: {k: values.pop(k) for k in list(values) if k in names} for cls, names in _GROUPS.items()}
-    try:
-        thresholds = Thresholds(**groups[Thresholds])
-    except ValueError:
-        candidate = Thresholds.__new__(Thresholds)
-        for f in fields(Thresholds):
-            object.__setattr__(candidate, f.name, groups[Thresholds].get(f.name, f.default))
-        messages = threshold_problems(candidate)
-        raise ConfigError("; ".join(_name_sources(messages, sources))) from None
+    merged = {f.name: groups[Thresholds].get(f.name, f.default) for f in fields(Thresholds)}
+    threshold_messages = threshold_problems(SimpleNamespace(**merged))
+    if threshold_messages:
+        raise ConfigError("; ".join(_name_sources(threshold_messages, sources)))
+    thresholds = Thresholds(**groups[Thresholds])
     settings = Settings(**values, thresholds=thresholds, selection=Selection(**groups[Selection]))
     if settings.backend == "bigquery":
         for key in ("telemetry_table", "alerts_table"):
