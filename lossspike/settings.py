@@ -195,7 +195,7 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
         except ValueError as error:
             problems.append(f"{source}={raw!r}: {error}")
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in {o.env for o in OPTIONS})
-    problems.extend(f"{k}: unknown setting (known: see `lossspike config`)" for k in unknown)
+    problems.extend(f"{k}: unknown setting (the README's Configuration table lists them all)" for k in unknown)
     if problems:
         raise ConfigError("; ".join(problems))
 

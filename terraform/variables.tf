@@ -267,11 +267,11 @@ variable "source_dir" {
 variable "runtime" {
   description = "Cloud Functions Python runtime."
   type        = string
-  default     = "python312"
+  default     = "python313"
 
   validation {
     condition     = can(regex("^python3[0-9]+$", var.runtime))
-    error_message = "The runtime must be a Python runtime such as \"python312\"."
+    error_message = "The runtime must be a Python runtime such as \"python313\"."
   }
 }
 
