@@ -84,23 +84,6 @@ def _minute_index(moment: datetime) -> int:
 
 # --- the one query -----------------------------------------------------------
 
-# The bucket query's output columns; `fold` reads them by name.
-BUCKET_COLUMNS = (
-    "cluster",
-    "run_id",
-    "minute_index",
-    "rows",
-    "job",
-    "job_time",
-    "loss_samples",
-    "not_finite",
-    "finite_samples",
-    "finite_mean",
-    "finite_var_pop",
-    "finite_floor",
-    "finite_peak",
-)
-
 
 def bucket_query(
     dialect: Dialect,

@@ -240,7 +240,7 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
     if not args.compare:
         return [base.thresholds]
     keys = {f.name for f in fields(Thresholds)}
-    overrides: dict[str, str | None] = {key: getattr(args, key, None) for key in _RULE_FLAGS}
+    overrides: dict[str, str] = {}
     for item in args.compare:
         key, sep, value = item.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
@@ -249,7 +249,7 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
             raise ConfigError(f"--compare {item!r}: expected KEY=VALUE with KEY one of {accepted}")
         overrides[key] = value
     try:
-        other = load_settings(os.environ, overrides)
+        other = _settings(args, **overrides)
     except ConfigError as error:
         raise ConfigError(f"--compare: {error}") from None
     return [base.thresholds, other.thresholds]

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from lossspike.schema import TELEMETRY_COLUMNS, telemetry_table_ddl
+from lossspike.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl
 from lossspike.sql import DUCKDB, quote_table
 
 # 90 minutes covers the hour-long baseline with room for a run that started late.
@@ -63,14 +63,7 @@ def demo_telemetry(now: datetime) -> pa.Table:
                 rows["job_id"].append(f"{run_id}-job")
                 rows["execution_uid"].append(f"{run_id}-attempt-1")
             moment += STEP
-    return pa.table(rows).cast(
-        pa.schema(
-            [
-                pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-                *(pa.field(n, pa.float64() if n == "value" else pa.string()) for n in list(TELEMETRY_COLUMNS)[1:]),
-            ]
-        )
-    )
+    return pa.table(rows).cast(TELEMETRY_ARROW_SCHEMA)
 
 
 def write_demo_database(path: Path, now: datetime, table: str = "telemetry") -> int:

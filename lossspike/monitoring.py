@@ -18,7 +18,7 @@ from google.api_core import exceptions
 from google.api_core.retry import Retry, if_exception_type
 from google.cloud import monitoring_v3
 
-from lossspike.rule import FLEET_CLUSTER, PAGING_REASONS
+from lossspike.rule import PAGING_REASONS, is_fleet_row
 from lossspike.settings import Settings
 
 # CreateTimeSeries accepts at most 200 series per request.
@@ -57,7 +57,7 @@ def _series(metric_type: str, labels: dict[str, str], value: int, now: datetime,
 
 def time_series(rows: list[dict[str, Any]], now: datetime, prefix: str, project: str) -> list[Any]:
     """The tick's series: per run and paging reason, then the heartbeat."""
-    runs = [r for r in rows if not (r["cluster"] == FLEET_CLUSTER and r["run"] == "")]
+    runs = [r for r in rows if not is_fleet_row(r)]
     out = [
         _series(
             f"{prefix}/{ALERT_METRIC}",

@@ -165,6 +165,11 @@ def loss_spike_reason(windows: LossWindows | None, thresholds: Thresholds) -> tu
     return HEALTHY, 0
 
 
+def is_fleet_row(row: dict[str, Any]) -> bool:
+    """True for the placeholder row of an evaluation that enrolled no run."""
+    return row["cluster"] == FLEET_CLUSTER and row["run"] == ""
+
+
 def fleet_row(now: datetime) -> dict[str, Any]:
     """The single row written when no run is enrolled."""
     empty = LossWindows()

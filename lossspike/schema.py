@@ -27,6 +27,12 @@ TELEMETRY_COLUMNS = {
     "execution_uid": "VARCHAR",
 }
 
+# The same columns as Arrow types, for loading telemetry into DuckDB.
+TELEMETRY_ARROW_SCHEMA = pa.schema(
+    [pa.field("timestamp", pa.timestamp("us", tz="UTC"))]
+    + [pa.field(n, pa.float64() if n == "value" else pa.string()) for n in list(TELEMETRY_COLUMNS)[1:]]
+)
+
 _ARROW_TYPES = {
     "TIMESTAMP": pa.timestamp("us", tz="UTC"),
     "STRING": pa.string(),

@@ -78,23 +78,6 @@ def quote_table(dialect: Dialect, name: str) -> str:
     return ".".join(f"{q}{part}{q}" for part in parts)
 
 
-# The query's output columns, in order; rule.enrolled_runs reads them by name.
-RESULT_COLUMNS = (
-    "cluster",
-    "run_id",
-    "job",
-    "baseline_samples",
-    "baseline_mean",
-    "baseline_stddev",
-    "baseline_floor",
-    "recent_samples",
-    "recent_not_finite",
-    "recent_mean",
-    "recent_floor",
-    "recent_peak",
-)
-
-
 @dataclass(frozen=True)
 class Selection:
     """Which telemetry rows count: the service, the loss metric and the watched runs."""

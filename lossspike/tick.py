@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from lossspike.evaluate import Source, evaluate
 from lossspike.render import jsonable
-from lossspike.rule import FLEET_CLUSTER, REASONS
+from lossspike.rule import REASONS, is_fleet_row
 from lossspike.settings import Settings
 from lossspike.times import format_rfc3339
 
@@ -43,10 +43,10 @@ class TickResult:
 
     @property
     def runs_watched(self) -> int:
-        return sum(1 for r in self.rows if not (r["cluster"] == FLEET_CLUSTER and r["run"] == ""))
+        return sum(1 for r in self.rows if not is_fleet_row(r))
 
     def counts(self) -> dict[str, int]:
-        found = Counter(r["reason"] for r in self.rows if not (r["cluster"] == FLEET_CLUSTER and r["run"] == ""))
+        found = Counter(r["reason"] for r in self.rows if not is_fleet_row(r))
         return {reason: found.get(reason, 0) for reason in REASONS}
 
     def body(self) -> dict[str, Any]:

@@ -16,20 +16,17 @@ from oracle import Sample  # noqa: E402
 
 from lossspike.duckdb_store import DuckDBStore  # noqa: E402
 from lossspike.evaluate import evaluate  # noqa: E402
-from lossspike.schema import TELEMETRY_COLUMNS, telemetry_table_ddl  # noqa: E402
+from lossspike.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl  # noqa: E402
 from lossspike.settings import Settings  # noqa: E402
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parent.parent
 
-_ARROW = pa.schema(
-    [pa.field("timestamp", pa.timestamp("us", tz="UTC"))]
-    + [pa.field(n, pa.float64() if n == "value" else pa.string()) for n in list(TELEMETRY_COLUMNS)[1:]]
-)
-
 
 def samples_table(samples: list[Sample]) -> pa.Table:
-    return pa.Table.from_pylist([{n: getattr(s, n) for n in TELEMETRY_COLUMNS} for s in samples], schema=_ARROW)
+    return pa.Table.from_pylist(
+        [{n: getattr(s, n) for n in TELEMETRY_COLUMNS} for s in samples], schema=TELEMETRY_ARROW_SCHEMA
+    )
 
 
 def load_telemetry(connection: duckdb.DuckDBPyConnection, samples: list[Sample], table: str = "telemetry") -> None:
