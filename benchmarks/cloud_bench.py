@@ -77,22 +77,10 @@ def child(endpoint: str, monitoring_address: str) -> None:
 
 
 def load_fleet(endpoint: str, runs: int) -> None:
-    from google.cloud import bigquery
     from servers import bigquery as bqserver
 
-    from lossspike.schema import ALERTS_SCHEMA
-
     client = bqserver.make_client(endpoint, PROJECT)
-    client.create_dataset("levanter", exists_ok=True)
-    client.create_dataset("lossspike", exists_ok=True)
-    fields = [("timestamp", "TIMESTAMP"), ("service", "STRING"), ("name", "STRING"), ("value", "FLOAT64")]
-    fields += [(n, "STRING") for n in ("cluster", "run_id", "job_id", "execution_uid")]
-    client.create_table(bigquery.Table(ENV["LOSSSPIKE_TELEMETRY_TABLE"], [bigquery.SchemaField(*f) for f in fields]))
-    alerts = bigquery.Table(
-        ENV["LOSSSPIKE_ALERTS_TABLE"], [bigquery.SchemaField.from_api_repr(c) for c in ALERTS_SCHEMA]
-    )
-    alerts.time_partitioning = bigquery.TimePartitioning(field="evaluated_at")
-    client.create_table(alerts)
+    bqserver.create_lossspike_tables(client, ENV["LOSSSPIKE_TELEMETRY_TABLE"], ENV["LOSSSPIKE_ALERTS_TABLE"])
     # 30 samples a run, two minutes apart: a full baseline and a recent window each.
     rows = [
         {

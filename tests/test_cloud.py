@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from google.cloud import bigquery
 from oracle import Sample, assert_rows_match, expected
 from servers import bigquery as bqserver
 from servers import monitoring as monserver
@@ -27,19 +26,12 @@ from servers.proxy import Faults, faulty_proxy
 
 from lossspike.function import bigquery_backend
 from lossspike.rule import Thresholds
-from lossspike.schema import ALERTS_SCHEMA
 from lossspike.settings import OPTIONS
 from lossspike.sql import Selection
 
 PROJECT = "lossspike-cloud"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SCHEDULE_HEADER = {"X-CloudScheduler-ScheduleTime": "2026-11-30T12:00:00Z"}
-TELEMETRY_SCHEMA = [
-    bigquery.SchemaField("timestamp", "TIMESTAMP", mode="REQUIRED"),
-    *(bigquery.SchemaField(n, "STRING") for n in ("service", "name")),
-    bigquery.SchemaField("value", "FLOAT64"),
-    *(bigquery.SchemaField(n, "STRING") for n in ("cluster", "run_id", "job_id", "execution_uid")),
-]
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +54,7 @@ class Deployment:
         self.telemetry = f"{PROJECT}.levanter_{suffix}.telemetry"
         self.alerts = f"{PROJECT}.lossspike_{suffix}.loss_spike_alerts"
         self.admin = bqserver.make_client(endpoint, PROJECT)
-        for table in (self.telemetry, self.alerts):
-            self.admin.create_dataset(table.rsplit(".", 1)[0], exists_ok=True)
-        self.admin.create_table(bigquery.Table(self.telemetry, schema=TELEMETRY_SCHEMA))
-        alerts = bigquery.Table(self.alerts, schema=[bigquery.SchemaField.from_api_repr(c) for c in ALERTS_SCHEMA])
-        alerts.time_partitioning = bigquery.TimePartitioning(field="evaluated_at")
-        self.admin.create_table(alerts)
+        bqserver.create_lossspike_tables(self.admin, self.telemetry, self.alerts)
 
         env = {
             "LOSSSPIKE_BACKEND": "bigquery",

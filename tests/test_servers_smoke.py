@@ -28,16 +28,7 @@ PROJECT = "lossspike-smoke"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 S = bigquery.ScalarQueryParameter
 
-TELEMETRY_SCHEMA = [
-    bigquery.SchemaField("timestamp", "TIMESTAMP"),
-    bigquery.SchemaField("service", "STRING"),
-    bigquery.SchemaField("name", "STRING"),
-    bigquery.SchemaField("value", "FLOAT64"),
-    bigquery.SchemaField("cluster", "STRING"),
-    bigquery.SchemaField("run_id", "STRING"),
-    bigquery.SchemaField("job_id", "STRING"),
-    bigquery.SchemaField("execution_uid", "STRING"),
-]
+TELEMETRY_SCHEMA = [bigquery.SchemaField(name, kind) for name, kind in bqserver.TELEMETRY_SCHEMA_FIELDS]
 ALERT_SCHEMA = [
     bigquery.SchemaField("evaluated_at", "TIMESTAMP", mode="REQUIRED"),
     bigquery.SchemaField("cluster", "STRING"),

@@ -37,6 +37,17 @@ from collections.abc import Iterator
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = "tools/bqemulator/setup.sh"
+# SPEC's telemetry contract as BigQuery columns.
+TELEMETRY_SCHEMA_FIELDS = (
+    ("timestamp", "TIMESTAMP"),
+    ("service", "STRING"),
+    ("name", "STRING"),
+    ("value", "FLOAT64"),
+    ("cluster", "STRING"),
+    ("run_id", "STRING"),
+    ("job_id", "STRING"),
+    ("execution_uid", "STRING"),
+)
 DEFAULT_PROJECT = "lossspike-test"
 
 
@@ -199,3 +210,18 @@ def make_client(endpoint: str, project: str = DEFAULT_PROJECT, **kwargs):
         client_options=ClientOptions(api_endpoint=endpoint),
         **kwargs,
     )
+
+
+def create_lossspike_tables(client, telemetry: str, alerts: str) -> None:
+    """The telemetry table (SPEC's contract) and the alerts table (DAY-partitioned), as Terraform makes them."""
+    from google.cloud import bigquery
+
+    from lossspike.schema import ALERTS_SCHEMA
+
+    telemetry_schema = [bigquery.SchemaField(name, kind) for name, kind in TELEMETRY_SCHEMA_FIELDS]
+    for table in (telemetry, alerts):
+        client.create_dataset(table.rsplit(".", 1)[0], exists_ok=True)
+    client.create_table(bigquery.Table(telemetry, schema=telemetry_schema))
+    table = bigquery.Table(alerts, schema=[bigquery.SchemaField.from_api_repr(c) for c in ALERTS_SCHEMA])
+    table.time_partitioning = bigquery.TimePartitioning(field="evaluated_at")
+    client.create_table(table)
