@@ -26,6 +26,10 @@ REASONS = (NOT_FINITE, WARMING_UP, SPIKING, HEALTHY)
 # The reasons worth a page, each its own Cloud Monitoring series per run.
 PAGING_REASONS = (SPIKING, NOT_FINITE)
 REFERENCES = ("mean", "floor")
+# A loss at or beyond this magnitude counts as non-finite (SPEC.md): no model trains
+# there, and past it a sum of squares overflows in some engine, so defining it on the
+# data keeps every engine and every aggregation order on the same verdict.
+NON_FINITE_MAGNITUDE = 1e150
 
 # The row written when nothing is enrolled, so that "no data" is reserved for a
 # broken evaluator.
@@ -103,6 +107,11 @@ class EnrolledRun:
     run: str
     job: str = ""
     windows: LossWindows = field(default_factory=LossWindows)
+
+
+def is_finite(value: float) -> bool:
+    """True for a loss the statistics take: not NaN, not infinite, magnitude below 1e150."""
+    return abs(value) < NON_FINITE_MAGNITUDE
 
 
 def _number(value: Any) -> float | None:

@@ -18,7 +18,11 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from lossspike.rule import Thresholds
+from lossspike.rule import NON_FINITE_MAGNITUDE, Thresholds
+
+# NaN compares false in both engines, so one comparison also rules out NaN and inf.
+_FINITE = "ABS({0}) < 1e150"
+assert float(_FINITE.rsplit(" ", 1)[1]) == NON_FINITE_MAGNITUDE
 
 # "project.dataset.table" in BigQuery, "[schema.]table" in DuckDB: letters,
 # digits, underscores and the hyphens GCP allows in project IDs, nothing else.
@@ -48,7 +52,7 @@ BIGQUERY = Dialect(
     quote_whole_path=True,
     count_if="COUNTIF({})",
     if_="IF({}, {}, NULL)",
-    finite="NOT (IS_NAN({0}) OR IS_INF({0}))",
+    finite=_FINITE,
     newest="MAX_BY({}, {})",
     in_list="{} IN UNNEST({})",
     minute_index="DIV(UNIX_MICROS(TIMESTAMP_TRUNC({}, MINUTE)), 60000000)",
@@ -61,7 +65,7 @@ DUCKDB = Dialect(
     quote_whole_path=False,
     count_if="count(*) FILTER (WHERE {})",
     if_="CASE WHEN {} THEN {} END",
-    finite="isfinite({0})",
+    finite=_FINITE,
     newest="arg_max({}, {})",
     in_list="list_contains({1}, {0})",
     # Integer arithmetic, not date_trunc: no time zone to consult, three times faster.
