@@ -1,29 +1,28 @@
 """Backtest: what the rule would have said at every tick of a past time range.
 
-One query reduces the range's telemetry to per-(cluster, run, minute) partial
-aggregates; numpy then merges those minute buckets into each tick's baseline
-and recent windows. Ticks are whole minutes, as Cloud Scheduler fires them, and
-both windows are whole minutes long, so every window is a union of whole
-buckets and holds exactly the samples `evaluate` would have read at that tick.
-The buckets are merged with Chan et al.'s pairwise update of (count, mean, M2),
-which stays accurate where running sums of squares cancel. The verdict itself is
-`lossspike.rule.loss_spike_reason`, called once per run and tick: the backtest
-reduces data differently, it never judges differently.
+One query reduces the range's telemetry to minute buckets (lossspike.sql, the
+same buckets the BigQuery tick reads from its rollup view); the minute layer
+(lossspike.minutes) merges them into each tick's baseline and recent windows
+with Chan's pairwise update. Ticks are whole minutes, as Cloud Scheduler fires
+them, and both windows are whole minutes long, so every window is a union of
+whole buckets and holds exactly the samples `evaluate` would have read at that
+tick. The verdict itself is `lossspike.rule.loss_spike_reason`, called once per
+run and tick: the backtest reduces data differently, it never judges differently.
 """
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from lossspike.evaluate import Source
+from lossspike import minutes
+from lossspike.minutes import Partial
 from lossspike.rule import (
     PAGING_REASONS,
     REASONS,
@@ -37,14 +36,15 @@ from lossspike.rule import (
     loss_spike_reason,
 )
 from lossspike.settings import Settings
-from lossspike.sql import Dialect, Query, Selection, newest_job, samples_cte
+from lossspike.sql import bucket_groups_query
+from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
 # A month of minutes is a few million (run, tick) verdicts; beyond that, split the range.
 MAX_RANGE = timedelta(days=31)
 # Dense (runs x minutes) grids are built this many cells at a time, bounding memory.
 _CHUNK_CELLS = 4_000_000
-_NO_TIME = np.iinfo(np.int64).min
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CODES = {reason: code for code, reason in enumerate(REASONS)}
 _PAGING_CODES = frozenset(_CODES[r] for r in PAGING_REASONS)
 
@@ -80,58 +80,6 @@ def tick_times(start: datetime, end: datetime, every_minutes: int = 1) -> list[d
 
 def _minute_index(moment: datetime) -> int:
     return int((moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(minutes=1))
-
-
-# --- the one query -----------------------------------------------------------
-
-
-def bucket_query(
-    dialect: Dialect,
-    table: str,
-    first_tick: datetime,
-    last_tick: datetime,
-    lookback_minutes: int,
-    selection: Selection,
-    jobs: bool = True,
-) -> Query:
-    """Partial aggregates per (cluster, run, minute) of every sample any tick's windows hold.
-
-    Rows are filtered exactly as the tick query filters them (service, non-NULL
-    value, watched run), over [first_tick - lookback, last_tick); the loss
-    statistics are over the loss metric (and attempts) only, the row count
-    and newest job over every sample, since any sample enrolls a run. Without
-    `jobs`, the job columns are NULL: verdicts do not depend on them.
-    """
-    d = dialect
-    params: dict[str, object] = {
-        "range_start": first_tick - timedelta(minutes=lookback_minutes),
-        "range_end": last_tick,
-    }
-    samples = samples_cte(d, table, selection, params, "range_start", "range_end")
-
-    def stat(fn: str) -> str:
-        return f"{fn}({d.if_.format('is_loss AND finite', 'value')})"
-
-    job = newest_job(d) if jobs else "NULL"
-    job_time = "MAX(" + d.if_.format("job_id <> ''", "timestamp") + ")" if jobs else "CAST(NULL AS TIMESTAMP)"
-    sql = f"""{samples}
-SELECT
-  cluster,
-  run_id,
-  {d.minute_index.format("timestamp")} AS minute_index,
-  COUNT(*) AS rows,
-  {job} AS job,
-  {job_time} AS job_time,
-  {d.count_if.format("is_loss")} AS loss_samples,
-  {d.count_if.format("is_loss AND NOT finite")} AS not_finite,
-  {d.count_if.format("is_loss AND finite")} AS finite_samples,
-  {stat("AVG")} AS finite_mean,
-  {stat("VAR_POP")} AS finite_var_pop,
-  {stat("MIN")} AS finite_floor,
-  {stat("MAX")} AS finite_peak
-FROM samples
-GROUP BY cluster, run_id, minute_index"""
-    return Query(sql, params)
 
 
 # --- results -----------------------------------------------------------------
@@ -265,7 +213,7 @@ class Backtest:
 
 
 def backtest(
-    source: Source,
+    store: Store,
     settings: Settings,
     ticks: Sequence[datetime],
     variants: Sequence[Thresholds] = (),
@@ -288,42 +236,18 @@ def backtest(
     every = int(steps[0]) if len(steps) else 1
     variants = list(variants) or [settings.thresholds]
     lookback = max(t.baseline_minutes for t in variants)
-    query = bucket_query(
-        source.dialect, settings.telemetry_table, ticks[0], ticks[-1], lookback, settings.selection, jobs=detail
+    query = bucket_groups_query(
+        store.dialect,
+        settings.selection,
+        ticks[0] - timedelta(minutes=lookback),
+        ticks[-1],
+        telemetry_table=settings.telemetry_table,
     )
-    buckets = source.fetch(query)
+    buckets = store.fetch(query)
     return [
         Backtest(list(ticks), every, thresholds, _histories(buckets, minutes, lookback, thresholds, detail))
         for thresholds in variants
     ]
-
-
-def _filled(table: pa.Table, name: str, fill: Any, dtype: Any) -> np.ndarray:
-    return table.column(name).fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
-
-
-def _micros(table: pa.Table, name: str) -> np.ndarray:
-    """A TIMESTAMP column as microseconds since the epoch, NULL as _NO_TIME."""
-    column = table.column(name).cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
-    return column.fill_null(_NO_TIME).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _run_keys(buckets: pa.Table) -> tuple[list[tuple[str, str]], np.ndarray]:
-    """The (cluster, run) keys in code-point order, and each bucket's index into them."""
-    codes = []
-    names = []
-    for name in ("cluster", "run_id"):
-        encoded = buckets.column(name).combine_chunks().dictionary_encode()
-        codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
-        names.append(encoded.dictionary.to_pylist())
-    pairs, inverse = np.unique(codes[0] * max(len(names[1]), 1) + codes[1], return_inverse=True)
-    width = max(len(names[1]), 1)
-    keys = [(names[0][int(p) // width], names[1][int(p) % width]) for p in pairs]
-    # Engines order strings differently; Python's code-point order is the contract (as rule.enrolled_runs).
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    rank = np.empty(len(keys), dtype=np.int64)
-    rank[order] = np.arange(len(keys))
-    return [keys[i] for i in order], rank[inverse.reshape(-1)]
 
 
 def _histories(
@@ -332,42 +256,45 @@ def _histories(
     """Merge the minute buckets into every run's windows at every tick and judge them."""
     if buckets.num_rows == 0:
         return []
-    keys, row_run = _run_keys(buckets)
+    keys, row_run = minutes.run_keys(buckets)
     origin = int(tick_minutes[0]) - lookback
-    row_slot = _filled(buckets, "minute_index", 0, np.int64) - origin
+    row_slot = minutes.minute_indexes(buckets) - origin
     width = int(tick_minutes[-1]) - origin
     ends = tick_minutes - origin  # each tick's exclusive window end, as a grid slot
-    n = _filled(buckets, "finite_samples", 0, np.float64)
-    columns = {
-        "rows": (_filled(buckets, "rows", 0, np.int64), 0),
-        "loss": (_filled(buckets, "loss_samples", 0, np.int64), 0),
-        "not_finite": (_filled(buckets, "not_finite", 0, np.int64), 0),
-        "n": (n, 0.0),
-        "mean": (_filled(buckets, "finite_mean", 0.0, np.float64), 0.0),
-        "m2": (_filled(buckets, "finite_var_pop", 0.0, np.float64) * n, 0.0),
-        "floor": (_filled(buckets, "finite_floor", np.inf, np.float64), np.inf),
-        "peak": (_filled(buckets, "finite_peak", -np.inf, np.float64), -np.inf),
+    partials = minutes.bucket_partials(buckets)
+    counts = {
+        "rows": minutes.filled(buckets, "samples", 0, np.int64),
+        "loss": minutes.filled(buckets, "loss_samples", 0, np.int64),
+        "not_finite": minutes.filled(buckets, "loss_not_finite", 0, np.int64),
     }
     jobs = [job or "" for job in buckets.column("job").to_pylist()] if detail else []
-    has_job = _micros(buckets, "job_time") != _NO_TIME
+    job_times = minutes.micros(buckets, "job_at")
+    loss_times = minutes.micros(buckets, "last_loss_at")
 
     histories: list[RunHistory] = []
     per_chunk = max(1, _CHUNK_CELLS // max(width, 1))
     for first in range(0, len(keys), per_chunk):
         chunk = range(first, min(first + per_chunk, len(keys)))
-        mask = (row_run >= chunk.start) & (row_run < chunk.stop)
-        at = (row_run[mask] - chunk.start, row_slot[mask])
-        grids = {}
-        for name, (values, fill) in columns.items():
-            grids[name] = np.full((len(chunk), width), fill, dtype=values.dtype)
-            grids[name][at] = values[mask]
-        # The bucket holding each slot's newest job: job times grow with the slot, so the
-        # newest job of a window is the one of its last slot that has any.
-        job_row = np.full((len(chunk), width), -1, dtype=np.int64)
-        job_row[at] = np.where(has_job[mask], np.flatnonzero(mask), -1)
+        rows = np.flatnonzero((row_run >= chunk.start) & (row_run < chunk.stop))
+        cells = (row_run[rows] - chunk.start) * width + row_slot[rows]
+        size = len(chunk) * width
+        shape = (len(chunk), width)
+        merged = minutes.reduce_by_key(cells, Partial(*(f[rows] for f in partials)), size)
+        grids: dict[str, np.ndarray] = {name: value.reshape(shape) for name, value in merged._asdict().items()}
+        for name, values in counts.items():
+            grids[name] = np.bincount(cells, values[rows], size).astype(np.int64).reshape(shape)
+        # Per slot, the newest bucket with a job (and the newest loss time); times grow
+        # with the slot, so a window's newest is in its last slot that has one.
+        job_row = np.full(size, -1, dtype=np.int64)
+        newest = minutes.newest(cells, job_times[rows], size)
+        job_row[newest >= 0] = rows[newest[newest >= 0]]
+        job_row = job_row.reshape(shape)
         job_slot = np.where(job_row >= 0, np.arange(width), -1)
         np.maximum.accumulate(job_slot, axis=1, out=job_slot)
-        windows = _windows(grids, job_row, job_slot, ends, t)
+        loss_at = np.full(size, minutes.NO_TIME, dtype=np.int64)
+        np.maximum.at(loss_at, cells, loss_times[rows])
+        loss_at = np.maximum.accumulate(loss_at.reshape(shape), axis=1)
+        windows = _windows(grids, job_row, job_slot, loss_at, ends, t)
         for offset, index in enumerate(chunk):
             histories.append(_judge(keys[index], windows, offset, jobs, t, detail))
     return histories
@@ -380,82 +307,72 @@ def _window_sum(grid: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     return running[:, ends] - running[:, starts]
 
 
-_Partial = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # count, mean, M2, floor, peak
-
-
-def _combine(a: _Partial, b: _Partial) -> _Partial:
-    """Chan et al.'s pairwise update: the statistics of a's values followed by b's."""
-    na, ma, m2a, fa, pa_ = a
-    nb, mb, m2b, fb, pb = b
-    n = na + nb
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        share = nb / np.where(n > 0, n, 1.0)
-        delta = mb - ma
-        both = (na > 0) & (nb > 0)
-        mean = np.where(both, ma + delta * share, np.where(nb > 0, mb, ma))
-        m2 = np.where(both, m2a + m2b + delta * delta * na * share, np.where(nb > 0, m2b, m2a))
-    return n, mean, m2, np.minimum(fa, fb), np.maximum(pa_, pb)
-
-
-def _sliding(grids: dict[str, np.ndarray], starts: np.ndarray, size: int) -> _Partial:
-    """Per tick, (count, mean, M2, floor, peak) of the finite values in slots [start, start + size).
+def _sliding(grids: dict[str, np.ndarray], starts: np.ndarray, size: int) -> Partial:
+    """Per tick, the partial of the finite values in slots [start, start + size).
 
     Van Herk/Gil-Werman: within blocks of `size` slots, running merges from each
     block's left and from its right; a window is then one block's right part
-    merged with the next block's left part. Every merge is Chan's update of
-    whole-bucket statistics, so no sum of squares over the window is ever taken.
+    merged with the next block's left part. Every merge is the minute layer's
+    `combine`, so no sum of squares over the window is ever taken.
     """
     rows, width = grids["n"].shape
     blocks = -(-width // size)
-    fills = {"n": 0.0, "mean": 0.0, "m2": 0.0, "floor": np.inf, "peak": -np.inf}
     parts = []
-    for name, fill in fills.items():
-        padded = np.full((rows, blocks * size), fill)
+    for name, fill in zip(Partial._fields, minutes.empty(1), strict=True):
+        padded = np.full((rows, blocks * size), fill[0])
         padded[:, :width] = grids[name]
         parts.append(padded.reshape(rows, blocks, size))
     prefix = [p.copy() for p in parts]
     suffix = [p.copy() for p in parts]
     for j in range(1, size):
-        merged = _combine(tuple(p[:, :, j - 1] for p in prefix), tuple(p[:, :, j] for p in parts))
+        merged = minutes.combine(Partial(*(p[:, :, j - 1] for p in prefix)), Partial(*(p[:, :, j] for p in parts)))
         for target, value in zip(prefix, merged, strict=True):
             target[:, :, j] = value
     for j in range(size - 2, -1, -1):
-        merged = _combine(tuple(p[:, :, j] for p in parts), tuple(p[:, :, j + 1] for p in suffix))
+        merged = minutes.combine(Partial(*(p[:, :, j] for p in parts)), Partial(*(p[:, :, j + 1] for p in suffix)))
         for target, value in zip(suffix, merged, strict=True):
             target[:, :, j] = value
     flat_prefix = [p.reshape(rows, -1) for p in prefix]
     flat_suffix = [p.reshape(rows, -1) for p in suffix]
     last = starts + size - 1
-    whole = tuple(p[:, last] for p in flat_prefix)
-    split = _combine(tuple(p[:, starts] for p in flat_suffix), whole)
+    whole = Partial(*(p[:, last] for p in flat_prefix))
+    split = minutes.combine(Partial(*(p[:, starts] for p in flat_suffix)), whole)
     aligned = (starts % size == 0)[np.newaxis, :]
-    return tuple(np.where(aligned, w, s) for w, s in zip(whole, split, strict=True))  # type: ignore[return-value]
+    return Partial(*(np.where(aligned, w, s) for w, s in zip(whole, split, strict=True)))
 
 
 def _windows(
-    grids: dict[str, np.ndarray], job_row: np.ndarray, job_slot: np.ndarray, ends: np.ndarray, t: Thresholds
+    grids: dict[str, np.ndarray],
+    job_row: np.ndarray,
+    job_slot: np.ndarray,
+    loss_at: np.ndarray,
+    ends: np.ndarray,
+    t: Thresholds,
 ) -> dict[str, Any]:
     """Every statistic of LossWindows, per run of the chunk and per tick."""
     base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes
     newest = job_slot[:, ends - 1]
     newest_row = np.where(newest >= base_start, np.take_along_axis(job_row, np.maximum(newest, 0), axis=1), -1)
-    b_n, b_mean, b_m2, b_floor, _ = _sliding(grids, base_start, t.baseline_minutes - t.recent_minutes)
-    r_n, r_mean, _, r_floor, r_peak = _sliding(grids, recent_start, t.recent_minutes)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        b_std = np.sqrt(np.maximum(b_m2, 0.0) / (b_n - 1))
+    base = _sliding(grids, base_start, t.baseline_minutes - t.recent_minutes)
+    recent = _sliding(grids, recent_start, t.recent_minutes)
+    # The newest loss in [base_start, end): the running maximum at the window's last
+    # slot, unless it is older than the window.
+    last_loss = loss_at[:, ends - 1]
     return {
         "enrolled": _window_sum(grids["rows"], base_start, ends) > 0,
         "job_row": newest_row,
-        "baseline_samples": b_n.astype(np.int64),
-        "baseline_mean": b_mean,
-        "baseline_stddev": b_std,
-        "baseline_floor": b_floor,
+        "baseline_samples": base.n.astype(np.int64),
+        "baseline_mean": base.mean,
+        "baseline_stddev": minutes.stddev(base),
+        "baseline_floor": base.floor,
         "recent_samples": _window_sum(grids["loss"], recent_start, ends),
         "recent_not_finite": _window_sum(grids["not_finite"], recent_start, ends),
-        "recent_finite": r_n.astype(np.int64),
-        "recent_mean": r_mean,
-        "recent_floor": r_floor,
-        "recent_peak": r_peak,
+        "recent_finite": recent.n.astype(np.int64),
+        "recent_mean": recent.mean,
+        "recent_floor": recent.floor,
+        "recent_peak": recent.peak,
+        "last_loss_us": last_loss,
+        "loss_in_window": _window_sum(grids["loss"], base_start, ends) > 0,
     }
 
 
@@ -482,17 +399,26 @@ def _judge(
         values[~present] = None
         return values.tolist()
 
-    columns = (
-        b_n.tolist(),
-        column("baseline_mean", b_n > 0),
-        column("baseline_stddev", b_n > 1),
-        column("baseline_floor", b_n > 0),
-        w["recent_samples"][row, enrolled].tolist(),
-        w["recent_not_finite"][row, enrolled].tolist(),
-        column("recent_mean", r_finite),
-        column("recent_floor", r_finite),
-        column("recent_peak", r_finite),
-    )
+    def loss_times() -> list[datetime | None]:
+        present = w["loss_in_window"][row, enrolled]
+        return [
+            _EPOCH + timedelta(microseconds=int(us)) if has else None
+            for us, has in zip(w["last_loss_us"][row, enrolled].tolist(), present.tolist(), strict=True)
+        ]
+
+    makers = {
+        "baseline_samples": lambda: b_n.tolist(),
+        "baseline_mean": lambda: column("baseline_mean", b_n > 0),
+        "baseline_stddev": lambda: column("baseline_stddev", b_n > 1),
+        "baseline_floor": lambda: column("baseline_floor", b_n > 0),
+        "recent_samples": lambda: w["recent_samples"][row, enrolled].tolist(),
+        "recent_not_finite": lambda: w["recent_not_finite"][row, enrolled].tolist(),
+        "recent_mean": lambda: column("recent_mean", r_finite),
+        "recent_floor": lambda: column("recent_floor", r_finite),
+        "recent_peak": lambda: column("recent_peak", r_finite),
+        "last_loss_at": loss_times,
+    }
+    columns = [makers[name]() for name in WINDOW_FIELDS]
     new = tuple.__new__
     for tick, values in zip(enrolled.tolist(), zip(*columns, strict=True), strict=True):
         windows = new(_WindowsView, values)
@@ -505,155 +431,3 @@ def _judge(
             job_row = int(w["job_row"][row, tick])
             kept_jobs[tick] = jobs[job_row] if job_row >= 0 else ""
     return RunHistory(key[0], key[1], codes, margins, kept, kept_jobs)
-
-
-# --- sources and output ------------------------------------------------------
-
-
-def open_source(settings: Settings) -> Any:
-    """The backend the settings name, read-only: a DuckDB file or BigQuery."""
-    if settings.backend == "bigquery":
-        try:
-            from lossspike.bigquery_store import BigQueryStore
-        except ImportError as error:
-            raise BacktestError(
-                f"the bigquery backend is unavailable ({error}); install it with: pip install 'lossspike[cloud]'"
-            ) from None
-        return BigQueryStore(settings)
-    from lossspike.duckdb_store import DuckDBStore
-
-    return DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table, read_only=True)
-
-
-def describe(t: Thresholds) -> str:
-    """The thresholds in one line, as the table header and the plot title show them."""
-    return (
-        f"baseline {t.baseline_minutes} min, recent {t.recent_minutes} min, sigma {t.sigma:g},"
-        f" min rise {t.min_rise:g}, min samples {t.min_baseline_samples}/{t.min_recent_samples},"
-        f" reference {t.reference}"
-    )
-
-
-def _number(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(value, 6)
-
-
-def report_json(results: Sequence[Backtest], names: Sequence[str]) -> dict[str, Any]:
-    """The backtest as one JSON document: ticks, then per variant its runs, episodes and summary."""
-    ticks = results[0].ticks
-    variants = []
-    for name, result in zip(names, results, strict=True):
-        runs = []
-        for summary in result.run_summaries():
-            episodes = [
-                {
-                    "reason": e.reason,
-                    "first_tick": format_rfc3339(e.first_tick),
-                    "last_tick": format_rfc3339(e.last_tick),
-                    "ticks": e.ticks,
-                    "max_margin": _number(e.max_margin),
-                }
-                for e in summary.pop("episodes")
-            ]
-            runs.append({**summary, "run_days": _number(summary["run_days"]), "episodes": episodes})
-        total = result.summary()
-        total["run_days"] = _number(total["run_days"])
-        total["pages_per_run_day"] = _number(total["pages_per_run_day"])
-        for run in runs:
-            run["pages_per_run_day"] = _number(run["pages_per_run_day"])
-        variants.append({"name": name, "thresholds": asdict(result.thresholds), "summary": total, "runs": runs})
-    return {
-        "start": format_rfc3339(ticks[0]),
-        "end": format_rfc3339(ticks[-1]),
-        "every_minutes": results[0].every_minutes,
-        "ticks": len(ticks),
-        "variants": variants,
-    }
-
-
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [header, *body]
-    ]
-
-
-def _cell(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
-    """The backtest for people: the rules, every episode, then pages per run and in total."""
-    ticks = results[0].ticks
-    compare = len(results) > 1
-    lines = [
-        f"backtest {format_rfc3339(ticks[0])} .. {format_rfc3339(ticks[-1])}:"
-        f" {len(ticks):,} ticks every {results[0].every_minutes} min",
-    ]
-    for name, result in zip(names, results, strict=True):
-        lines.append(
-            f"rule {name}: {describe(result.thresholds)}" if compare else f"rule: {describe(result.thresholds)}"
-        )
-
-    lines += ["", "episodes (each one page)"]
-    body = []
-    for name, result in zip(names, results, strict=True):
-        for e in result.episodes():
-            body.append(
-                ([name] if compare else [])
-                + [
-                    e.cluster,
-                    e.run,
-                    e.reason,
-                    format_rfc3339(e.first_tick),
-                    format_rfc3339(e.last_tick),
-                    str(e.ticks),
-                    _cell(e.max_margin),
-                ]
-            )
-    header = (["rule"] if compare else []) + ["cluster", "run", "reason", "first tick", "last tick", "ticks", "margin"]
-    lines += _table(header, body) if body else ["  none: no run would have paged"]
-
-    lines += ["", "pages per run"]
-    per_run = [{(s["cluster"], s["run"]): s for s in r.run_summaries()} for r in results]
-    keys = sorted(set().union(*per_run))
-    header = ["cluster", "run", "run-days"]
-    for name in names:
-        suffix = f" {name}" if compare else ""
-        header += [f"pages{suffix}", f"spiking{suffix}", f"not_finite{suffix}", f"per run-day{suffix}"]
-    body = []
-    for key in keys:
-        days = next(table[key]["run_days"] for table in per_run if key in table)
-        line = [key[0], key[1], _cell(days, 3)]
-        for table in per_run:
-            s = table.get(key)
-            line += (
-                ["0", "0", "0", "-"]
-                if s is None
-                else [
-                    str(s["pages"]),
-                    str(s["pages_by_reason"][SPIKING]),
-                    str(s["pages_by_reason"]["not_finite"]),
-                    _cell(s["pages_per_run_day"], 3),
-                ]
-            )
-        body.append(line)
-    totals = [r.summary() for r in results]
-    line = ["all", f"{totals[0]['runs']} runs", _cell(totals[0]["run_days"], 3)]
-    for s in totals:
-        line += [
-            str(s["pages"]),
-            str(s["pages_by_reason"][SPIKING]),
-            str(s["pages_by_reason"]["not_finite"]),
-            _cell(s["pages_per_run_day"], 3),
-        ]
-    lines += _table(header, [*body, line]) if body else ["  no run was watched in this range"]
-    lines.append("")
-    lines.append("A page is an episode: consecutive ticks at which a run had one paging reason (spiking, not_finite).")
-    lines.append("margin = the largest recent floor - band while spiking; run-days = ticks watched x interval.")
-    return "\n".join(lines) + "\n"

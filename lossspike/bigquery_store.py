@@ -1,26 +1,40 @@
-"""The cloud backend: the tick's query and its alert rows in BigQuery.
+"""The cloud store: the tick's windows and its alert rows in BigQuery.
 
-Exactly two jobs per tick: the window query (enrollment and both windows) and
-one MERGE of the alert rows. Both use an explicit retry deadline well under the
-Scheduler attempt deadline, because the client's default retry keeps going for
-600 s, far past the point where Scheduler has given up on the attempt.
+A tick is two jobs. The read is one script: refresh the per-minute rollup view,
+then read the watched runs' minute buckets of the hour, summed per loss base (a
+few rows per run), which lossspike.minutes merges into the windows. So a tick
+bills the telemetry rows that arrived since the last tick once, plus the
+watched runs' minute rows; never the day so far. Without a rollup view (or at a
+time that is not a whole minute) the raw query reads telemetry directly. The
+write inserts the evaluation's rows, or replaces an earlier write of the same
+time. Every call retries what the BigQuery client itself retries, within a
+deadline well under Cloud Scheduler's.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 from google.api_core.exceptions import GoogleAPIError, RetryError
-from google.api_core.retry import Retry
 from google.cloud import bigquery
 
-from lossspike.evaluate import StoreError
+from lossspike import minutes
+from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows
 from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA
 from lossspike.settings import Settings
-from lossspike.sql import BIGQUERY, Query, quote_table
+from lossspike.sql import (
+    BIGQUERY,
+    Query,
+    append_sql,
+    bucket_groups_query,
+    refresh_statement,
+    window_bounds,
+    write_script,
+)
+from lossspike.store import StoreError
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
 # so each may spend at most this long, retries included.
@@ -29,9 +43,12 @@ RETRY_DEADLINE_SECONDS = 20.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 # Shown on every job for cost attribution in INFORMATION_SCHEMA.JOBS and billing exports.
 JOB_LABELS = {"app": "lossspike"}
-# Rows per MERGE: about 1 MB of query parameters, far under the 10 MB request cap,
-# so a fleet of up to this many runs writes in a single statement.
-MAX_ROWS_PER_MERGE = 1000
+# Rows per write request: about 1 MB of query parameters, far under the 10 MB request
+# cap, so a fleet of up to this many runs writes in a single statement.
+MAX_ROWS_PER_WRITE = 1000
+# The error reason of a job stopped by maximum_bytes_billed (BigQuery's error table).
+_BYTES_LIMIT = "bytesBilledLimitExceeded"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _SCALAR_TYPES = ((bool, "BOOL"), (int, "INT64"), (float, "FLOAT64"), (str, "STRING"), (datetime, "TIMESTAMP"))
 _STRUCT_TYPES = {"TIMESTAMP": "TIMESTAMP", "STRING": "STRING", "INTEGER": "INT64", "FLOAT": "FLOAT64"}
@@ -69,33 +86,6 @@ def _rows_parameter(rows: list[dict[str, Any]]) -> bigquery.ArrayQueryParameter:
     return bigquery.ArrayQueryParameter("rows", "STRUCT", structs)
 
 
-def merge_sql(alerts_table: str) -> str:
-    """Upsert the tick's rows by (evaluated_at, cluster, run).
-
-    Exactly once without streaming: streaming insertIds are best-effort and
-    rows in the streaming buffer cannot be MERGEd for about 30 minutes, while a
-    MERGE is atomic and keyed, so a retried or duplicated tick finds its rows
-    and changes nothing. One MERGE a minute is 1,440 mutating DML statements a
-    day per table, well inside BigQuery's DML concurrency limits, and with at
-    most one function instance they never queue behind each other. The
-    constant `evaluated_at = @now` in the ON clause prunes the target to one
-    day's partition.
-    """
-    table = quote_table(BIGQUERY, alerts_table)
-    keys = ("evaluated_at", "cluster", "run")
-    on = " AND ".join(f"target.{k} = source.{k}" for k in keys)
-    updates = ", ".join(f"{c} = source.{c}" for c in ALERT_COLUMNS if c not in keys)
-    columns = ", ".join(ALERT_COLUMNS)
-    values = ", ".join(f"source.{c}" for c in ALERT_COLUMNS)
-    return (
-        f"MERGE {table} AS target\n"
-        "USING UNNEST(@rows) AS source\n"
-        f"ON target.evaluated_at = @now AND {on}\n"
-        f"WHEN MATCHED THEN UPDATE SET {updates}\n"
-        f"WHEN NOT MATCHED THEN INSERT ({columns}) VALUES ({values})"
-    )
-
-
 # What a job can fail with: an API error, retries running out, or the wait timing out.
 _FAILURES = (GoogleAPIError, RetryError, TimeoutError)
 
@@ -105,23 +95,33 @@ def _one_line(error: BaseException) -> str:
 
 
 class BigQueryStore:
-    """Runs the window query and writes alert rows with the real BigQuery client."""
+    """Reads the tick's windows and writes alert rows with the real BigQuery client."""
 
     dialect = BIGQUERY
 
     def __init__(self, settings: Settings, client: bigquery.Client | None = None) -> None:
         self.settings = settings
         self.client = client or bigquery.Client(project=settings.project or None, location=settings.location)
-        self.retry = Retry(deadline=RETRY_DEADLINE_SECONDS, initial=0.5, maximum=4.0)
-        # What the last query cost, for the tick's log line.
-        self.last_query: dict[str, Any] = {}
+        # The client's own predicate (rate limits, backend errors, dropped connections),
+        # bounded by our deadline instead of its ten minutes.
+        self.retry = bigquery.DEFAULT_RETRY.with_deadline(RETRY_DEADLINE_SECONDS)
+        self._cost: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def last_cost(self) -> dict[str, Any]:
+        return dict(self._cost)
 
     def _run(self, sql: str, parameters: list, component: str) -> tuple[bigquery.QueryJob, Any]:
-        """Run one query job to completion; (job, its result rows)."""
+        """Run one query job (a statement or a script) to completion; (job, its result rows)."""
+        cap = self.settings.max_bytes_billed
         config = bigquery.QueryJobConfig(
             query_parameters=parameters,
             labels={**JOB_LABELS, "component": component},
-            maximum_bytes_billed=self.settings.max_bytes_billed,
+            maximum_bytes_billed=cap,
+            # In a script, the cap also holds for every statement on its own.
+            script_options=bigquery.ScriptOptions(statement_byte_budget=cap),
         )
         job = self.client.query(
             sql,
@@ -136,14 +136,24 @@ class BigQueryStore:
         return job, job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS)
 
     def fetch(self, query: Query) -> pa.Table:
-        """Run the window query; the result as an Arrow table, read without the Storage API."""
+        """Run one read-only query; the result as an Arrow table, read without the Storage API."""
+        return self._read(query.sql, query.params, "evaluate")
+
+    def _read(self, sql: str, params: dict[str, Any], component: str) -> pa.Table:
         started = time.perf_counter()
         try:
-            job, rows = self._run(query.sql, query_parameters(query.params), "evaluate")
+            job, rows = self._run(sql, query_parameters(params), component)
             table = rows.to_arrow(create_bqstorage_client=False)
         except _FAILURES as error:
+            if _reason(error) == _BYTES_LIMIT and component == "rollup":
+                raise StoreError(
+                    f"catching up: refreshing {self.settings.rollup_table} needs more than"
+                    f" LOSSSPIKE_MAX_BYTES_BILLED={self.settings.max_bytes_billed} (a backlog after an outage);"
+                    " BigQuery's automatic refresh of the view absorbs it outside the tick's cap,"
+                    " and ticks resume by themselves"
+                ) from error
             raise StoreError(f"BigQuery query failed: {_one_line(error)}") from error
-        self.last_query = {
+        self._cost = {
             "job_id": job.job_id,
             "query_ms": round((time.perf_counter() - started) * 1000),
             "bytes_processed": job.total_bytes_processed,
@@ -151,19 +161,57 @@ class BigQueryStore:
         }
         return table
 
-    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
-        """Upsert the alert rows of one evaluation; return rows in the tick.
+    def enrolled(self, settings: Settings, now: datetime) -> list[EnrolledRun]:
+        """The watched runs at `now`: through the rollup view at whole minutes, else the raw query."""
+        rollup = settings.rollup_table
+        if not rollup or now.second or now.microsecond:
+            from lossspike.evaluate import raw_enrolled
 
-        Each MERGE is idempotent on its own, so a tick that fails between two
-        of them is simply retried whole.
+            return raw_enrolled(self, settings, now)
+        baseline_start, recent_start = window_bounds(now, settings.thresholds)
+        query = bucket_groups_query(
+            BIGQUERY,
+            settings.selection,
+            baseline_start,
+            now,
+            telemetry_table=settings.telemetry_table,
+            rollup_table=rollup,
+            recent_start=recent_start,
+        )
+        groups = self._read(f"{refresh_statement(rollup)}\n{query.sql}", query.params, "rollup")
+        return [_enrolled_run(*found) for found in minutes.tick_windows(groups)]
+
+    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
+        """Write one evaluation's rows: an insert, or a replacement of an earlier write of that time.
+
+        A fleet larger than one request continues with plain inserts; a tick that fails
+        between them is retried whole, and its first request then replaces what the
+        failed attempt wrote.
         """
         now = rows[0]["evaluated_at"]
-        sql = merge_sql(self.settings.alerts_table)
-        for start in range(0, len(rows), MAX_ROWS_PER_MERGE):
-            chunk = rows[start : start + MAX_ROWS_PER_MERGE]
+        table = self.settings.alerts_table
+        for start in range(0, len(rows), MAX_ROWS_PER_WRITE):
+            chunk = rows[start : start + MAX_ROWS_PER_WRITE]
+            sql = write_script(table, ALERT_COLUMNS) if start == 0 else append_sql(table, ALERT_COLUMNS)
             parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk)]
             try:
                 self._run(sql, parameters, "write")
             except _FAILURES as error:
-                raise StoreError(f"writing {self.settings.alerts_table} failed: {_one_line(error)}") from error
+                written = (
+                    f" after {start} of {len(rows)} rows (the next tick of this time replaces them)" if start else ""
+                )
+                raise StoreError(f"writing {table} failed{written}: {_one_line(error)}") from error
         return len(rows)
+
+
+def _reason(error: BaseException) -> str:
+    """The BigQuery error reason of a failed call, '' when it has none."""
+    errors = error.errors if isinstance(error, GoogleAPIError) else []
+    return str(errors[0].get("reason", "")) if errors and isinstance(errors[0], dict) else ""
+
+
+def _enrolled_run(cluster: str, run: str, job: str, fields: dict[str, Any]) -> EnrolledRun:
+    last_loss = fields.get("last_loss_at")
+    if last_loss is not None:
+        fields["last_loss_at"] = _EPOCH + timedelta(microseconds=last_loss)
+    return EnrolledRun(cluster, run, job, LossWindows(**{k: fields[k] for k in WINDOW_FIELDS}))

@@ -256,17 +256,19 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
 
 
 def _cmd_backtest(args: argparse.Namespace) -> int:
-    from lossspike.backtest import backtest, open_source, report_json, report_table
+    from lossspike.backtest import backtest
+    from lossspike.report import report_json, report_table
+    from lossspike.store import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=24))
     variants = _compare_thresholds(args, settings)
     names = ["A", "B"] if len(variants) > 1 else ["rule"]
-    source = open_source(settings)
+    store = open_store(settings, read_only=True)
     try:
-        results = backtest(source, settings, ticks, variants)
+        results = backtest(store, settings, ticks, variants)
     finally:
-        getattr(source, "close", lambda: None)()
+        store.close()
     if args.format == "json":
         sys.stdout.write(json.dumps(report_json(results, names), indent=2, allow_nan=False) + "\n")
     else:
@@ -275,16 +277,16 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from lossspike.backtest import open_source
     from lossspike.plot import plot_run
+    from lossspike.store import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=1))
-    source = open_source(settings)
+    store = open_store(settings, read_only=True)
     try:
-        written = plot_run(source, settings, args.run, ticks, Path(args.output), cluster=args.cluster)
+        written = plot_run(store, settings, args.run, ticks, Path(args.output), cluster=args.cluster)
     finally:
-        getattr(source, "close", lambda: None)()
+        store.close()
     sys.stdout.write(f"wrote {written}\n")
     return 0
 
@@ -302,7 +304,7 @@ _COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
     from lossspike.backtest import BacktestError
-    from lossspike.evaluate import StoreError
+    from lossspike.store import StoreError
 
     try:
         args = build_parser().parse_args(argv)

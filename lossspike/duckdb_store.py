@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from lossspike.evaluate import StoreError
+from lossspike.rule import EnrolledRun
 from lossspike.schema import ALERT_COLUMNS, TELEMETRY_COLUMNS, alerts_table_ddl, alerts_to_arrow
+from lossspike.settings import Settings
 from lossspike.sql import DUCKDB, Query, quote_table
+from lossspike.store import StoreError
 
 
 class DuckDBStore:
@@ -70,6 +73,16 @@ class DuckDBStore:
             return self.connection.sql(query.sql, params=query.params).to_arrow_table()
         except duckdb.Error as error:
             raise StoreError(f"query on {self.telemetry_table!r} failed: {_first_line(error)}") from None
+
+    def enrolled(self, settings: Settings, now: datetime) -> list[EnrolledRun]:
+        """The watched runs and their windows: the raw query, exact and fast enough on DuckDB."""
+        from lossspike.evaluate import raw_enrolled
+
+        return raw_enrolled(self, settings, now)
+
+    def last_cost(self) -> dict[str, Any]:
+        """DuckDB bills nothing; the tick's log measures the time itself."""
+        return {}
 
     def write_alerts(self, rows: list[dict[str, Any]]) -> int:
         """Replace the rows of each evaluation time in `rows` with `rows`; return rows written.

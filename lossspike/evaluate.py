@@ -1,35 +1,28 @@
-"""One evaluation: build the query, run it on a backend, judge every run."""
+"""One evaluation: the store reads the watched runs' windows, the rule judges every run."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
-import pyarrow as pa
-
-from lossspike.rule import alert_rows, enrolled_runs
+from lossspike.rule import EnrolledRun, alert_rows, enrolled_runs
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, loss_window_query
+from lossspike.store import Store, StoreError
+
+__all__ = ["StoreError", "evaluate", "raw_enrolled", "window_query"]
 
 
-class StoreError(RuntimeError):
-    """A backend cannot serve the evaluation: missing file, table or column, or a failed job."""
+def window_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
+    """The raw query enrolling runs and reducing both windows from telemetry rows."""
+    return loss_window_query(dialect, settings.telemetry_table, now, settings.thresholds, settings.selection)
 
 
-class Source(Protocol):
-    """A backend that can run the window query."""
-
-    dialect: Dialect
-
-    def fetch(self, query: Query) -> pa.Table: ...
+def raw_enrolled(store: Store, settings: Settings, now: datetime) -> list[EnrolledRun]:
+    """The watched runs read with the raw query, in one job."""
+    return enrolled_runs(store.fetch(window_query(store.dialect, settings, now)))
 
 
-def window_query(source: Source, settings: Settings, now: datetime) -> Query:
-    """The tick's one query, in the source's dialect."""
-    return loss_window_query(source.dialect, settings.telemetry_table, now, settings.thresholds, settings.selection)
-
-
-def evaluate(source: Source, settings: Settings, now: datetime) -> list[dict[str, Any]]:
+def evaluate(store: Store, settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row."""
-    result = source.fetch(window_query(source, settings, now))
-    return alert_rows(enrolled_runs(result), now, settings.thresholds)
+    return alert_rows(store.enrolled(settings, now), now, settings.thresholds)

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest, describe
-from lossspike.evaluate import Source
+from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest
+from lossspike.report import describe
 from lossspike.rule import NOT_FINITE, SPIKING, WARMING_UP, band, reference
 from lossspike.settings import Settings
-from lossspike.sql import Query, quote_table
+from lossspike.sql import run_samples_query
+from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
 # One colour per reason, shared by the shading and the legend.
@@ -40,36 +41,6 @@ def _pyplot() -> Any:
     from matplotlib import pyplot
 
     return pyplot
-
-
-def samples_query(source: Source, settings: Settings, cluster: str, run: str, start: datetime, end: datetime) -> Query:
-    """The run's raw loss samples in [start, end), oldest first, filtered as the tick query filters them."""
-    d = source.dialect
-    p = d.param.format
-    selection = settings.selection
-    params: dict[str, object] = {
-        "start": start,
-        "end": end,
-        "service": selection.service,
-        "metric": selection.metric,
-        "run_id": run,
-        "cluster": cluster,
-    }
-    attempts = ""
-    if selection.execution_uids:
-        params["execution_uids"] = list(selection.execution_uids)
-        attempts = "\n  AND " + d.in_list.format("execution_uid", p("execution_uids"))
-    sql = f"""SELECT timestamp, value
-FROM {quote_table(d, settings.telemetry_table)}
-WHERE timestamp >= {p("start")}
-  AND timestamp < {p("end")}
-  AND service = {p("service")}
-  AND name = {p("metric")}
-  AND run_id = {p("run_id")}
-  AND COALESCE(NULLIF(cluster, ''), 'unknown') = {p("cluster")}
-  AND value IS NOT NULL{attempts}
-ORDER BY timestamp"""
-    return Query(sql, params)
 
 
 def _pick(result: Backtest, run: str, cluster: str | None) -> RunHistory:
@@ -99,7 +70,7 @@ def _episodes(history: RunHistory, ticks: list[datetime]) -> list[tuple[str, dat
 
 
 def plot_run(
-    source: Source,
+    store: Store,
     settings: Settings,
     run: str,
     ticks: list[datetime],
@@ -113,12 +84,14 @@ def plot_run(
     from matplotlib.patches import Patch
 
     settings = replace(settings, selection=replace(settings.selection, run_ids=(run,)))
-    [result] = backtest(source, settings, ticks, detail=True)
+    [result] = backtest(store, settings, ticks, detail=True)
     history = _pick(result, run, cluster)
     t = result.thresholds
     every = timedelta(minutes=result.every_minutes)
     start, end = ticks[0] - timedelta(minutes=t.recent_minutes), ticks[-1]
-    raw = source.fetch(samples_query(source, settings, history.cluster, run, start, end))
+    raw = store.fetch(
+        run_samples_query(store.dialect, settings.telemetry_table, settings.selection, history.cluster, start, end)
+    )
     times = raw.column("timestamp").to_pylist()
     values = np.array(raw.column("value").to_pylist(), dtype=float)
     if not len(values):

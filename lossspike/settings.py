@@ -21,8 +21,9 @@ ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")
 # The embedded default lives beside the user, where `lossspike evaluate` looks first.
 DEFAULT_DATABASE = "lossspike.duckdb"
-# BigQuery's on-demand minimum is 10 MB per query; 10 GiB a tick is a runaway, not a tick.
-DEFAULT_MAX_BYTES_BILLED = 10 * 1024**3
+# About ten times what a rollup tick needs at 1,000 runs x 21 metrics x 1 Hz (~200 MB,
+# `lossspike cost`): a runaway scan fails instead of billing.
+DEFAULT_MAX_BYTES_BILLED = 2 * 1024**3
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,8 @@ class Settings:
     location: str = "US"
     telemetry_table: str = "telemetry"
     alerts_table: str = "loss_spike_alerts"
+    # The per-minute rollup view a BigQuery tick reads; empty means the raw query.
+    rollup_table: str = ""
     metric_prefix: str = "custom.googleapis.com/lossspike"
     max_bytes_billed: int = DEFAULT_MAX_BYTES_BILLED
     # Cloud Monitoring series; on by default only where Cloud Monitoring exists.
@@ -90,6 +93,10 @@ def _table(value: str) -> str:
     return validate_table(value.strip())
 
 
+def _optional_table(value: str) -> str:
+    return validate_table(value.strip()) if value.strip() else ""
+
+
 def _list(value: str) -> tuple[str, ...]:
     items = tuple(item.strip() for item in value.split(","))
     if any(not item for item in items) and value.strip():
@@ -137,6 +144,7 @@ OPTIONS = (
     Option("location", _text, "BigQuery location of the query jobs."),
     Option("telemetry_table", _table, "Telemetry table (BigQuery project.dataset.table)."),
     Option("alerts_table", _table, "Alert rows table (BigQuery project.dataset.table)."),
+    Option("rollup_table", _optional_table, "Per-minute rollup view a BigQuery tick reads (empty: raw query)."),
     Option("metric_prefix", _metric_prefix, "Cloud Monitoring metric type prefix."),
     Option("max_bytes_billed", _positive_int, "BigQuery byte cap per query; a larger scan fails."),
     Option("monitoring", _bool, "Write Cloud Monitoring series (default: on with bigquery)."),
@@ -207,8 +215,8 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
     thresholds = Thresholds(**groups[Thresholds])
     settings = Settings(**values, thresholds=thresholds, selection=Selection(**groups[Selection]))
     if settings.backend == "bigquery":
-        for key in ("telemetry_table", "alerts_table"):
-            if getattr(settings, key).count(".") != 2:
+        for key in ("telemetry_table", "alerts_table", "rollup_table"):
+            if getattr(settings, key) and getattr(settings, key).count(".") != 2:
                 option = OPTIONS_BY_KEY[key]
                 raise ConfigError(f"{option.env}: the bigquery backend needs project.dataset.table")
     return settings

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from lossspike.rule import NON_FINITE_MAGNITUDE, Thresholds
 
@@ -43,6 +43,7 @@ class Dialect:
     newest: str  # the value of the newest row by a key, NULLs skipped
     in_list: str
     minute_index: str  # whole UTC minutes since the epoch, rounded down
+    minute: str  # the timestamp rounded down to its UTC minute, still a timestamp
 
 
 BIGQUERY = Dialect(
@@ -56,6 +57,7 @@ BIGQUERY = Dialect(
     newest="MAX_BY({}, {})",
     in_list="{} IN UNNEST({})",
     minute_index="DIV(UNIX_MICROS(TIMESTAMP_TRUNC({}, MINUTE)), 60000000)",
+    minute="TIMESTAMP_TRUNC({}, MINUTE)",
 )
 
 DUCKDB = Dialect(
@@ -70,6 +72,8 @@ DUCKDB = Dialect(
     in_list="list_contains({1}, {0})",
     # Integer arithmetic, not date_trunc: no time zone to consult, three times faster.
     minute_index="CAST(floor(epoch_us({}) / 60000000) AS BIGINT)",
+    # Epoch arithmetic again: date_trunc on TIMESTAMPTZ would consult the session time zone.
+    minute="to_timestamp(CAST(floor(epoch_us({}) / 60000000) AS BIGINT) * 60)",
 )
 
 DIALECTS = {d.name: d for d in (BIGQUERY, DUCKDB)}
@@ -166,13 +170,18 @@ def samples_cte(
     AND timestamp < {p(end)}
     AND service = {p("service")}
     AND value IS NOT NULL
+    AND run_id <> ''
     AND {runs}
 )"""
 
 
+# A sample names its job when job_id is neither NULL nor empty.
+JOB_PRESENT = "job_id <> ''"
+
+
 def newest_job(dialect: Dialect) -> str:
     """The newest non-empty job_id among a group's samples, NULL if none."""
-    return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format("job_id <> ''", "timestamp"))
+    return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format(JOB_PRESENT, "timestamp"))
 
 
 def loss_window_query(
@@ -213,4 +222,244 @@ SELECT
   {stat("MAX", recent)} AS recent_peak
 FROM samples
 GROUP BY cluster, run_id"""
+    return Query(sql, params)
+
+
+# --- the minute layer ---------------------------------------------------------
+#
+# One definition of a minute bucket: per (cluster, run, attempt, minute, loss base)
+# the partial aggregates that any window merges exactly. It is the query of the
+# BigQuery materialized view `loss_spike_minutes` (literal filters: a view takes
+# no parameters), and the inline source of the backtest and the plot on raw
+# telemetry (parameters, and a time range that prunes partitions).
+#
+# An incremental materialized view allows SUM, MIN, MAX, COUNTIF and MAX_BY but no
+# variance, so each bucket keeps sums of the loss minus a base, FLOOR(loss), that is
+# part of the bucket's key: the sums stay small, and a variance taken from them does
+# not cancel the way a raw sum of squares does for a loss far from zero.
+
+# Filter values written into the view's SQL as literals: no quoting is ever needed.
+_LITERAL = re.compile(r"^[A-Za-z0-9_.%/:@+\-]+$")
+# Columns of a minute bucket, in the view's order (Grafana and Terraform read them too).
+MINUTE_COLUMNS = (
+    "run_cluster",
+    "run_id",
+    "execution_uid",
+    "minute",
+    "loss_base",
+    "samples",
+    "loss_samples",
+    "loss_not_finite",
+    "loss_finite",
+    "loss_sum",
+    "loss_sum_squares",
+    "loss_floor",
+    "loss_peak",
+    "last_loss_at",
+    "job",
+    "job_at",
+)
+
+
+def literal(value: str, what: str) -> str:
+    """A filter value as a SQL string literal, refused unless it needs no escaping."""
+    if not isinstance(value, str) or not _LITERAL.match(value):
+        raise ValueError(
+            f"{what} {value!r} cannot be written into the rollup's definition:"
+            " use letters, digits and _ . % / : @ + - only"
+        )
+    return f"'{value}'"
+
+
+def minute_buckets(
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object] | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    since: datetime | None = None,
+) -> str:
+    """The SELECT reducing raw telemetry to minute buckets.
+
+    With `params`, filters are query parameters added to it and [start, end) bounds
+    the rows read; without, filters are literals and `since` (a whole time) is the
+    view's lower bound, as a materialized view needs.
+    """
+    d = dialect
+    if params is None:
+        service, metric = literal(selection.service, "service"), literal(selection.metric, "metric")
+        runs = f"run_id LIKE {literal(selection.run_pattern, 'run pattern')}"
+        bounds = "" if since is None else f"timestamp >= TIMESTAMP '{since.astimezone(UTC):%Y-%m-%d %H:%M:%S}'\n  AND "
+    else:
+        p = d.param.format
+        params["service"], params["metric"] = selection.service, selection.metric
+        service, metric = p("service"), p("metric")
+        if selection.run_ids:
+            params["run_ids"] = list(selection.run_ids)
+            runs = d.in_list.format("run_id", p("run_ids"))
+        else:
+            params["run_pattern"] = selection.run_pattern
+            runs = f"run_id LIKE {p('run_pattern')}"
+        params["rows_start"], params["rows_end"] = start, end
+        bounds = f"timestamp >= {p('rows_start')}\n  AND timestamp < {p('rows_end')}\n  AND "
+    loss = f"name = {metric}"
+    finite = f"{loss} AND {d.finite.format('value')}"
+    offset = "value - FLOOR(value)"
+
+    def when(condition: str, value: str) -> str:
+        return d.if_.format(condition, value)
+
+    columns = {
+        "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
+        "run_id": "run_id",
+        "execution_uid": "execution_uid",
+        "minute": d.minute.format("timestamp"),
+        "loss_base": when(finite, "FLOOR(value)"),
+        "samples": "COUNT(*)",
+        "loss_samples": d.count_if.format(loss),
+        "loss_not_finite": d.count_if.format(f"{loss} AND NOT {d.finite.format('value')}"),
+        "loss_finite": d.count_if.format(finite),
+        "loss_sum": f"SUM({when(finite, offset)})",
+        "loss_sum_squares": f"SUM({when(finite, f'({offset}) * ({offset})')})",
+        "loss_floor": f"MIN({when(finite, 'value')})",
+        "loss_peak": f"MAX({when(finite, 'value')})",
+        "last_loss_at": f"MAX({when(loss, 'timestamp')})",
+        "job": newest_job(d),
+        "job_at": f"MAX({when(JOB_PRESENT, 'timestamp')})",
+    }
+    listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
+    keys = ", ".join(MINUTE_COLUMNS[:5])
+    return f"""SELECT
+  {listed}
+FROM {quote_table(d, table)}
+WHERE {bounds}service = {service}
+  AND value IS NOT NULL
+  AND run_id <> ''
+  AND {runs}
+GROUP BY {keys}"""
+
+
+def bucket_groups_query(
+    dialect: Dialect,
+    selection: Selection,
+    start: datetime,
+    end: datetime,
+    *,
+    telemetry_table: str,
+    rollup_table: str = "",
+    recent_start: datetime | None = None,
+) -> Query:
+    """The minute buckets of the watched runs in [start, end), summed per loss base.
+
+    Grouped per (cluster, run, minute, loss base) for a backtest or a plot, or with
+    `recent_start` per (cluster, run, recent or baseline, loss base) for one tick:
+    buckets sharing a base add up exactly, so a tick reads a few rows per run. The
+    buckets come from the rollup view when one is named, else from raw telemetry.
+    Only the chosen attempts count for the loss; every sample counts for enrollment.
+    """
+    d = dialect
+    p = d.param.format
+    params: dict[str, object] = {"start": start, "end": end}
+    if rollup_table:
+        source = quote_table(d, rollup_table)
+    else:
+        source = f"(\n{minute_buckets(d, telemetry_table, selection, params, start, end)}\n) AS buckets"
+    if selection.run_ids:
+        params["run_ids"] = list(selection.run_ids)
+        runs = d.in_list.format("run_id", p("run_ids"))
+    else:
+        params["run_pattern"] = selection.run_pattern
+        runs = f"run_id LIKE {p('run_pattern')}"
+    attempt = "TRUE"
+    if selection.execution_uids:
+        params["execution_uids"] = list(selection.execution_uids)
+        attempt = d.in_list.format("execution_uid", p("execution_uids"))
+    if recent_start is None:
+        part = "minute"
+    else:
+        params["recent_start"] = recent_start
+        part = f"minute >= {p('recent_start')}"
+
+    def loss(fn: str, column: str) -> str:
+        return f"{fn}({d.if_.format(attempt, column)}) AS {column}"
+
+    sql = f"""SELECT
+  run_cluster,
+  run_id,
+  {part} AS {"minute" if recent_start is None else "recent"},
+  loss_base,
+  SUM(samples) AS samples,
+  {loss("SUM", "loss_samples")},
+  {loss("SUM", "loss_not_finite")},
+  {loss("SUM", "loss_finite")},
+  {loss("SUM", "loss_sum")},
+  {loss("SUM", "loss_sum_squares")},
+  {loss("MIN", "loss_floor")},
+  {loss("MAX", "loss_peak")},
+  {loss("MAX", "last_loss_at")},
+  {d.newest.format("job", "job_at")} AS job,
+  MAX(job_at) AS job_at
+FROM {source}
+WHERE minute >= {p("start")}
+  AND minute < {p("end")}
+  AND {runs}
+GROUP BY run_cluster, run_id, {part}, loss_base"""
+    return Query(sql, params)
+
+
+def refresh_statement(rollup_table: str) -> str:
+    """Bring the rollup view up to date before reading it: it then holds every row that arrived.
+
+    Reading a view that is behind makes BigQuery read the base table's changes since
+    its last refresh at every query; refreshing each tick keeps that delta to about a minute.
+    """
+    return f"CALL BQ.REFRESH_MATERIALIZED_VIEW('{validate_table(rollup_table)}');"
+
+
+def write_script(alerts_table: str, columns: tuple[str, ...]) -> str:
+    """Write one evaluation's rows (@rows, at @now): insert, or replace an earlier write.
+
+    The common first write reads only `evaluated_at` of one day's partition (the
+    existence test) and inserts without reading the table; a re-run deletes the
+    evaluation's earlier rows and inserts the new ones in one atomic MERGE.
+    """
+    table = quote_table(BIGQUERY, alerts_table)
+    listed = ", ".join(columns)
+    values = ", ".join(f"source.{c}" for c in columns)
+    return f"""IF EXISTS (SELECT 1 FROM {table} WHERE evaluated_at = @now) THEN
+  MERGE {table} AS target
+  USING UNNEST(@rows) AS source
+  ON FALSE
+  WHEN NOT MATCHED BY SOURCE AND target.evaluated_at = @now THEN DELETE
+  WHEN NOT MATCHED THEN INSERT ({listed}) VALUES ({values});
+ELSE
+  INSERT INTO {table} ({listed})
+  SELECT {listed} FROM UNNEST(@rows);
+END IF;"""
+
+
+def append_sql(alerts_table: str, columns: tuple[str, ...]) -> str:
+    """Add more rows of the evaluation `write_script` started (a fleet too large for one request)."""
+    table = quote_table(BIGQUERY, alerts_table)
+    listed = ", ".join(columns)
+    return f"INSERT INTO {table} ({listed})\nSELECT {listed} FROM UNNEST(@rows)"
+
+
+def run_samples_query(
+    dialect: Dialect, table: str, selection: Selection, cluster: str, start: datetime, end: datetime
+) -> Query:
+    """The loss samples of the selection's one run on `cluster` in [start, end), oldest first.
+
+    Filtered by the same samples CTE as the tick query, so a plot's dots are the
+    values the windows reduce.
+    """
+    params: dict[str, object] = {"cluster": cluster}
+    samples = samples_cte(dialect, table, selection, params, "start", "end")
+    params.update(start=start, end=end)
+    sql = f"""{samples}
+SELECT timestamp, value
+FROM samples
+WHERE is_loss AND cluster = {dialect.param.format("cluster")}
+ORDER BY timestamp"""
     return Query(sql, params)

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
 
-from lossspike.evaluate import Source, evaluate
+from lossspike.evaluate import evaluate
 from lossspike.render import jsonable
 from lossspike.rule import REASONS, is_fleet_row
 from lossspike.settings import Settings
+from lossspike.store import Store as Source
 from lossspike.times import format_rfc3339
 
 # A sink takes the tick's rows and returns what it did, for the response and the log.
@@ -105,7 +106,7 @@ def run_tick(
         result.rows = evaluate(source, settings, now)
     except Exception as error:  # noqa: BLE001 - any cause fails the tick, and the log names it
         result.error = _cause(error)
-    result.query = dict(getattr(source, "last_query", {}) or {})
+    result.query = source.last_cost()
     result.query.setdefault("query_ms", round((time.perf_counter() - started) * 1000))
     if result.error is None:
         for name, sink in sinks.items():

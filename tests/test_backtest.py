@@ -148,7 +148,7 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
     with Counting(demo_db, read_only=True) as store:
         strict_result, loose_result = backtest(store, Settings(), ticks, [base, loose], detail=True)
         assert len(calls) == 1
-        assert calls[0].params["range_start"] == ticks[0] - timedelta(minutes=90)
+        assert calls[0].params["start"] == ticks[0] - timedelta(minutes=90)
         for variant, result in ((base, strict_result), (loose, loose_result)):
             for i in (0, 30, 60):
                 config = Settings(thresholds=variant)

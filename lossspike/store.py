@@ -1,0 +1,62 @@
+"""Where telemetry is read and alert rows are written: the store protocol and its opener.
+
+Two stores implement it: DuckDB (lossspike.duckdb_store, the embedded default)
+and BigQuery (lossspike.bigquery_store). The command line, the backtest, the
+plot and the function all open theirs with `open_store`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from lossspike.rule import EnrolledRun
+from lossspike.settings import Settings
+from lossspike.sql import Dialect, Query
+
+
+class StoreError(RuntimeError):
+    """A store cannot serve: missing file, table or column, or a failed job."""
+
+
+class Store(Protocol):
+    """Telemetry in, alert rows out, on one engine."""
+
+    dialect: Dialect
+
+    def fetch(self, query: Query) -> pa.Table:
+        """Run one read-only query; its result as an Arrow table."""
+        ...
+
+    def enrolled(self, settings: Settings, now: datetime) -> list[EnrolledRun]:
+        """The watched runs at `now` with their windows, read in one job."""
+        ...
+
+    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
+        """Write one evaluation's rows, replacing any earlier write of that time; rows written."""
+        ...
+
+    def last_cost(self) -> dict[str, Any]:
+        """What the last read cost: job id, milliseconds, bytes processed and billed where known."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection or client."""
+        ...
+
+
+def open_store(settings: Settings, read_only: bool = False) -> Store:
+    """The store the settings name: the DuckDB file, or BigQuery with the environment's credentials."""
+    if settings.backend == "bigquery":
+        try:
+            from lossspike.bigquery_store import BigQueryStore
+        except ImportError as error:
+            raise StoreError(
+                f"the bigquery backend is unavailable ({error}); install it with: pip install 'lossspike[cloud]'"
+            ) from None
+        return BigQueryStore(settings)
+    from lossspike.duckdb_store import DuckDBStore
+
+    return DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table, read_only=read_only)
