@@ -14,24 +14,21 @@ deadline well under Cloud Scheduler's.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
 from google.api_core.exceptions import GoogleAPIError, RetryError
 from google.cloud import bigquery
 
-from lossspike import minutes
-from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows
+from lossspike.rule import EnrolledRun
 from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA
 from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
     Query,
     append_sql,
-    bucket_groups_query,
     refresh_statement,
-    window_bounds,
     write_script,
 )
 from lossspike.store import StoreError
@@ -48,7 +45,6 @@ JOB_LABELS = {"app": "lossspike"}
 MAX_ROWS_PER_WRITE = 1000
 # The error reason of a job stopped by maximum_bytes_billed (BigQuery's error table).
 _BYTES_LIMIT = "bytesBilledLimitExceeded"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _SCALAR_TYPES = ((bool, "BOOL"), (int, "INT64"), (float, "FLOAT64"), (str, "STRING"), (datetime, "TIMESTAMP"))
 _STRUCT_TYPES = {"TIMESTAMP": "TIMESTAMP", "STRING": "STRING", "INTEGER": "INT64", "FLOAT": "FLOAT64"}
@@ -168,18 +164,11 @@ class BigQueryStore:
             from lossspike.evaluate import raw_enrolled
 
             return raw_enrolled(self, settings, now)
-        baseline_start, recent_start = window_bounds(now, settings.thresholds)
-        query = bucket_groups_query(
-            BIGQUERY,
-            settings.selection,
-            baseline_start,
-            now,
-            telemetry_table=settings.telemetry_table,
-            rollup_table=rollup,
-            recent_start=recent_start,
-        )
+        from lossspike.evaluate import enrolled_from_groups, rollup_query
+
+        query = rollup_query(BIGQUERY, settings, now)
         groups = self._read(f"{refresh_statement(rollup)}\n{query.sql}", query.params, "rollup")
-        return [_enrolled_run(*found) for found in minutes.tick_windows(groups)]
+        return enrolled_from_groups(groups)
 
     def write_alerts(self, rows: list[dict[str, Any]]) -> int:
         """Write one evaluation's rows: an insert, or a replacement of an earlier write of that time.
@@ -208,10 +197,3 @@ def _reason(error: BaseException) -> str:
     """The BigQuery error reason of a failed call, '' when it has none."""
     errors = error.errors if isinstance(error, GoogleAPIError) else []
     return str(errors[0].get("reason", "")) if errors and isinstance(errors[0], dict) else ""
-
-
-def _enrolled_run(cluster: str, run: str, job: str, fields: dict[str, Any]) -> EnrolledRun:
-    last_loss = fields.get("last_loss_at")
-    if last_loss is not None:
-        fields["last_loss_at"] = _EPOCH + timedelta(microseconds=last_loss)
-    return EnrolledRun(cluster, run, job, LossWindows(**{k: fields[k] for k in WINDOW_FIELDS}))

@@ -1,16 +1,26 @@
-"""One evaluation: the store reads the watched runs' windows, the rule judges every run."""
+"""One evaluation: the store reads the watched runs' windows, the rule judges every run.
+
+Two reads give the same windows: the raw query over telemetry rows, and the
+rollup query over minute buckets merged by lossspike.minutes (the BigQuery tick's
+way, from its rollup view; on raw telemetry when no view is named).
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lossspike.rule import EnrolledRun, alert_rows, enrolled_runs
+import pyarrow as pa
+
+from lossspike import minutes
+from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows, alert_rows, enrolled_runs
 from lossspike.settings import Settings
-from lossspike.sql import Dialect, Query, loss_window_query
+from lossspike.sql import Dialect, Query, bucket_groups_query, loss_window_query, window_bounds
 from lossspike.store import Store, StoreError
 
-__all__ = ["StoreError", "evaluate", "raw_enrolled", "window_query"]
+__all__ = ["StoreError", "evaluate", "raw_enrolled", "rollup_enrolled", "rollup_query", "window_query"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def window_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
@@ -26,3 +36,32 @@ def raw_enrolled(store: Store, settings: Settings, now: datetime) -> list[Enroll
 def evaluate(store: Store, settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row."""
     return alert_rows(store.enrolled(settings, now), now, settings.thresholds)
+
+
+def rollup_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
+    """The tick's minute buckets, summed per run, window and loss base (`now` a whole minute)."""
+    baseline_start, recent_start = window_bounds(now, settings.thresholds)
+    return bucket_groups_query(
+        dialect,
+        settings.selection,
+        baseline_start,
+        now,
+        telemetry_table=settings.telemetry_table,
+        rollup_table=settings.rollup_table,
+        recent_start=recent_start,
+    )
+
+
+def enrolled_from_groups(groups: pa.Table) -> list[EnrolledRun]:
+    """The watched runs whose minute buckets the rollup query returned, windows merged."""
+    runs = []
+    for cluster, run, job, fields in minutes.tick_windows(groups):
+        if fields["last_loss_at"] is not None:
+            fields["last_loss_at"] = _EPOCH + timedelta(microseconds=fields["last_loss_at"])
+        runs.append(EnrolledRun(cluster, run, job, LossWindows(**{k: fields[k] for k in WINDOW_FIELDS})))
+    return runs
+
+
+def rollup_enrolled(store: Store, settings: Settings, now: datetime) -> list[EnrolledRun]:
+    """The watched runs read through minute buckets, in one job (tests compare it with the raw read)."""
+    return enrolled_from_groups(store.fetch(rollup_query(store.dialect, settings, now)))

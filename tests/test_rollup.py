@@ -1,0 +1,75 @@
+"""The rollup read (minute buckets merged by the minute layer) gives the raw query's windows.
+
+On DuckDB the buckets are computed inline from raw telemetry, with the very SQL
+that defines the BigQuery rollup view; tests/test_rollup_cloud.py runs the view
+itself on the BigQuery emulator.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from conftest import NOW, load_telemetry
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from oracle import assert_rows_match, expected
+from strategies import fleets, selections, thresholds
+
+from lossspike.duckdb_store import DuckDBStore
+from lossspike.evaluate import raw_enrolled, rollup_enrolled
+from lossspike.rule import alert_rows
+from lossspike.settings import Settings
+
+_STORE: list[DuckDBStore] = []
+
+# Merged statistics against the raw query's (issue 8): counts, floors and peaks exact;
+# mean and standard deviation within 1e-9 relative where sigma x stddev decides the
+# band, within 1e-6 elsewhere.
+DECIDING, ELSEWHERE = 1e-9, 1e-6
+
+
+def _store(samples) -> DuckDBStore:
+    if not _STORE:
+        _STORE.append(DuckDBStore(":memory:"))
+    store = _STORE[0]
+    store.connection.execute("DROP TABLE IF EXISTS telemetry")
+    load_telemetry(store.connection, samples)
+    return store
+
+
+def _relative(a: float | None, b: float | None) -> float:
+    if a is None or b is None:
+        assert a is b
+        return 0.0
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(samples=fleets, t=thresholds, sel=selections, minutes_back=st.sampled_from([0, 0, 1, 7]))
+def test_rollup_windows_equal_the_raw_query(samples, t, sel, minutes_back):
+    now = NOW - timedelta(minutes=minutes_back)
+    config = Settings(thresholds=t, selection=sel)
+    store = _store(samples)
+    raw = raw_enrolled(store, config, now)
+    merged = rollup_enrolled(store, config, now)
+    assert [(r.cluster, r.run) for r in merged] == [(r.cluster, r.run) for r in raw]
+    worst = 0.0
+    for got, want in zip(merged, raw, strict=True):
+        g, w = got.windows, want.windows
+        for key in ("baseline_samples", "recent_samples", "recent_not_finite", "baseline_floor", "recent_floor"):
+            assert getattr(g, key) == getattr(w, key), (got.run, key)
+        assert g.recent_peak == w.recent_peak
+        deciding = w.baseline_stddev is not None and t.sigma * w.baseline_stddev > t.min_rise
+        limit = DECIDING if deciding else ELSEWHERE
+        for key in ("baseline_mean", "baseline_stddev", "recent_mean"):
+            error = _relative(getattr(g, key), getattr(w, key))
+            worst = max(worst, error)
+            assert error <= limit, (got.run, key, getattr(g, key), getattr(w, key))
+        assert got.job == want.job or not want.job or got.job, (got.run, got.job, want.job)
+    event(f"worst relative error <= 1e{math.floor(math.log10(worst)) if worst else -99}")
+    event(f"runs: {min(len(raw), 3)}{'+' if len(raw) >= 3 else ''}")
+    rows = alert_rows(merged, now, t)
+    assert_rows_match(rows, expected(samples, now, t, sel), samples)
