@@ -37,6 +37,8 @@ from collections.abc import Iterator
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = "tools/bqemulator/setup.sh"
+# lossspike's patches to the emulator; setup.sh copies this file into its venv.
+PATCH_SOURCE = REPO_ROOT / "tools" / "bqemulator" / "lossspike_bqemu_patches.py"
 # SPEC's telemetry contract as BigQuery columns.
 TELEMETRY_SCHEMA_FIELDS = (
     ("timestamp", "TIMESTAMP"),
@@ -74,6 +76,16 @@ def _require_emulator() -> pathlib.Path:
     return exe
 
 
+def _require_current_patches() -> None:
+    """Refuse to start an emulator whose venv lacks the repo's current patches (a stale setup)."""
+    installed = sorted(emulator_dir().glob(f"lib/python3*/site-packages/{PATCH_SOURCE.name}"))
+    if not installed or installed[0].read_bytes() != PATCH_SOURCE.read_bytes():
+        raise EmulatorUnavailable(
+            f"The BigQuery emulator in {emulator_dir()} lacks the current {PATCH_SOURCE.name}: "
+            f"re-run `bash {SETUP_SCRIPT}`."
+        )
+
+
 @contextlib.contextmanager
 def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 60.0) -> Iterator[str]:
     """Start the emulator on a free loopback port; yield its endpoint URL.
@@ -83,6 +95,7 @@ def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 
     (SIGTERM, then SIGKILL) on exit.
     """
     exe = _require_emulator()
+    _require_current_patches()
     venv = emulator_dir()
     workdir = tempfile.TemporaryDirectory(prefix="lossspike-bqemu-")
     env = {
