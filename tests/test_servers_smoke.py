@@ -551,6 +551,58 @@ def test_bigquery_script_statistics_quirk(bq):
     assert next(iter(rows)).n > 0
 
 
+# The query `lossspike cost --actual` runs; INFORMATION_SCHEMA.JOBS and its columns:
+# https://cloud.google.com/bigquery/docs/information-schema-jobs. That doc says to
+# leave out statement_type = 'SCRIPT' when summing cost: a script's row repeats the
+# sum of its child jobs' rows.
+COST_SQL = """
+SELECT DATE(creation_time) AS day, COUNT(*) AS jobs, SUM(total_bytes_billed) AS bytes_billed
+FROM `region-us`.INFORMATION_SCHEMA.JOBS
+WHERE creation_time >= @since AND statement_type != 'SCRIPT'
+  AND EXISTS(SELECT 1 FROM UNNEST(labels) AS l WHERE l.key = 'app' AND l.value = 'lossspike')
+GROUP BY day ORDER BY day
+"""
+
+
+def _job(job_id: str, at: datetime, billed: int | None, labels: dict, **columns) -> dict:
+    row = {"job_id": job_id, "creation_time": at, "project_id": PROJECT, "job_type": "QUERY"}
+    row |= {"statement_type": "SELECT", "total_bytes_billed": billed, "state": "DONE"}
+    return row | {"labels": [{"key": k, "value": v} for k, v in labels.items()]} | columns
+
+
+def test_bigquery_information_schema_jobs_is_seedable(bq):
+    app = {"app": "lossspike"}
+    yesterday = NOW - timedelta(days=1)
+    bqserver.seed_jobs(
+        bq,
+        [
+            _job("old", NOW - timedelta(days=9), 10**9, app),
+            _job("y1", yesterday, 10 * 2**20, app | {"env": "prod"}),
+            _job("y2", yesterday + timedelta(hours=1), None, app),  # e.g. a cache hit
+            _job("script", NOW, 30 * 2**20, app, statement_type="SCRIPT"),
+            _job("child1", NOW, 10 * 2**20, app, parent_job_id="script", statement_type="DELETE"),
+            _job("child2", NOW, 20 * 2**20, app, parent_job_id="script", statement_type="INSERT"),
+            _job("other", NOW, 99, {"app": "other"}),
+            _job("unlabelled", NOW, 99, {}),
+        ],
+    )
+    since = NOW - timedelta(days=2)
+    job = bq.query(COST_SQL, job_config=_config([S("since", "TIMESTAMP", since)]), **FAST)
+    rows = [tuple(r.values()) for r in job.result(**_no_job_retry())]
+    assert rows == [(yesterday.date(), 2, 10 * 2**20), (NOW.date(), 2, 30 * 2**20)]
+    # The project-qualified and JOBS_BY_PROJECT spellings read the same rows; another region is empty.
+    for view in (
+        f"`{PROJECT}`.`region-us`.INFORMATION_SCHEMA.JOBS_BY_PROJECT",
+        f"`{PROJECT}.region-us.INFORMATION_SCHEMA.JOBS`",
+    ):
+        n = next(iter(bq.query(f"SELECT COUNT(*) AS n FROM {view}", **FAST).result(**_no_job_retry()))).n
+        assert n == 8
+    empty = bq.query("SELECT COUNT(*) AS n FROM `region-eu`.INFORMATION_SCHEMA.JOBS", **FAST).result()
+    assert next(iter(empty)).n == 0
+    with pytest.raises(ValueError, match="not INFORMATION_SCHEMA.JOBS columns: bytes"):
+        bqserver.seed_jobs(bq, [{"job_id": "x", "bytes": 1}])
+
+
 # --------------------------------------------------------------------------- Monitoring
 
 

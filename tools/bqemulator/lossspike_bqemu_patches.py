@@ -18,6 +18,13 @@ passed as the request's wire text (leaves as strings, BYTES decoded) and DuckDB
 casts it to the declared type: DuckDB's Python binding turns a NaN nested in a
 list or struct into NULL, a string cast keeps NaN/inf exact, and the cast also
 types NULLs and empty arrays.
+
+Patch: a seedable ``INFORMATION_SCHEMA.JOBS``. bqemulator has no JOBS view.
+A query naming ```region-XX`.INFORMATION_SCHEMA.JOBS`` (or ``JOBS_BY_PROJECT``,
+optionally ``project``-qualified) reads the ordinary table
+:func:`jobs_table` instead, created empty on first use with the view's real
+columns (:data:`JOBS_COLUMNS`); tests fill it with ``seed_jobs`` in
+``tests/servers/bigquery.py``. The emulator records none of its own jobs there.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
+import re
 import sys
 from typing import Any
 
@@ -35,6 +43,67 @@ _TRIGGER_MODULE = "bqemulator.jobs.executor"
 _INTERPRETER_MODULE = "bqemulator.scripting.interpreter"
 # The patched emulator release: other versions may rename what we wrap.
 PATCHED_VERSION = "1.4.0"
+
+# The JOBS view's columns, names and types as documented at
+# https://cloud.google.com/bigquery/docs/information-schema-jobs ("Schema"); the
+# RECORD columns' fields follow the REST resources they mirror (ErrorProto,
+# TableReference). The rarely used RECORD columns (job_stages, timeline,
+# bi_engine_statistics, session_info, query_info, ...) are left out.
+JOBS_COLUMNS = (
+    ("creation_time", "TIMESTAMP"),
+    ("project_id", "STRING"),
+    ("project_number", "INT64"),
+    ("user_email", "STRING"),
+    ("principal_subject", "STRING"),
+    ("job_id", "STRING"),
+    ("job_type", "STRING"),
+    ("statement_type", "STRING"),
+    ("priority", "STRING"),
+    ("start_time", "TIMESTAMP"),
+    ("end_time", "TIMESTAMP"),
+    ("query", "STRING"),
+    ("state", "STRING"),
+    ("reservation_id", "STRING"),
+    ("total_bytes_processed", "INT64"),
+    ("total_bytes_billed", "INT64"),
+    ("total_slot_ms", "INT64"),
+    ("total_modified_partitions", "INT64"),
+    ("cache_hit", "BOOL"),
+    ("parent_job_id", "STRING"),
+    ("transaction_id", "STRING"),
+    ("labels", "ARRAY<STRUCT<key STRING, value STRING>>"),
+    ("error_result", "STRUCT<reason STRING, location STRING, debug_info STRING, message STRING>"),
+    ("destination_table", "STRUCT<project_id STRING, dataset_id STRING, table_id STRING>"),
+    ("referenced_tables", "ARRAY<STRUCT<project_id STRING, dataset_id STRING, table_id STRING>>"),
+    ("dml_statistics", "STRUCT<inserted_row_count INT64, deleted_row_count INT64, updated_row_count INT64>"),
+)
+# Where the seedable JOBS tables live, one per region, in the queried project.
+JOBS_DATASET = "bqemu_information_schema"
+# ``[project.]`region-XX`.INFORMATION_SCHEMA.JOBS[_BY_PROJECT]`` with any quoting;
+# case-sensitive like BigQuery's INFORMATION_SCHEMA view names (same doc, "Note").
+_JOBS_VIEW = re.compile(
+    r"(?:`?(?P<project>[A-Za-z0-9_:-]+)`?\s*\.\s*)?"
+    r"`?region-(?P<region>[a-z0-9-]+)`?\s*\.\s*`?INFORMATION_SCHEMA`?\s*\.\s*"
+    r"`?JOBS(?:_BY_PROJECT)?\b`?"
+)
+
+
+def jobs_table(project: str, region: str) -> str:
+    """The table standing in for ``project``'s ```region-<region>`.INFORMATION_SCHEMA.JOBS``."""
+    return f"{project}.{JOBS_DATASET}.jobs_{region.replace('-', '_')}"
+
+
+def rewrite_jobs_view(sql: str, default_project: str) -> tuple[str, list[str]]:
+    """Point every JOBS view reference at its table; also return the tables referenced."""
+    tables: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        table = jobs_table(match["project"] or default_project, match["region"])
+        tables.append(table)
+        return f"`{table}`"
+
+    return _JOBS_VIEW.sub(replace, sql), tables
+
 
 # The running script job's named parameters, by name (None outside a script).
 _script_parameters: contextvars.ContextVar[dict[str, dict[str, Any]] | None] = contextvars.ContextVar(
@@ -115,12 +184,26 @@ def bind_named_parameters(sql: str, values: list[Any], parameters: dict[str, dic
 def _patch_executor(executor: Any) -> None:
     original_body = executor._run_query_body
 
+    async def create_jobs_tables(tables: list[str], **kwargs: Any) -> None:
+        columns = ", ".join(f"{name} {kind}" for name, kind in JOBS_COLUMNS)
+        for table in dict.fromkeys(tables):
+            for ddl in (
+                f"CREATE SCHEMA IF NOT EXISTS `{table.rsplit('.', 1)[0]}`",
+                f"CREATE TABLE IF NOT EXISTS `{table}` ({columns})",
+            ):
+                await original_body(bq_sql=ddl, query_params=None, is_scripted=False, **kwargs)
+
     @functools.wraps(original_body)
-    async def run_query_body(*, query_params: list[dict[str, Any]] | None, is_scripted: bool, **kwargs: Any) -> Any:
+    async def run_query_body(
+        *, bq_sql: str, query_params: list[dict[str, Any]] | None, is_scripted: bool, **kwargs: Any
+    ) -> Any:
+        bq_sql, jobs_tables = rewrite_jobs_view(bq_sql, kwargs["project_id"])
+        if jobs_tables:
+            await create_jobs_tables(jobs_tables, **kwargs)
         named = {p["name"]: p for p in query_params or () if p.get("name")} if is_scripted else None
         token = _script_parameters.set(named or None)
         try:
-            return await original_body(query_params=query_params, is_scripted=is_scripted, **kwargs)
+            return await original_body(bq_sql=bq_sql, query_params=query_params, is_scripted=is_scripted, **kwargs)
         finally:
             _script_parameters.reset(token)
 
