@@ -10,6 +10,7 @@ the day the emulator changes, the workaround in production can be revisited.
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import math
 import threading
@@ -337,6 +338,269 @@ def test_bigquery_client_fails_fast_on_server_errors():
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ------------------------------------------------------- BigQuery scripts (multi-statement jobs)
+# Real BigQuery binds a request's named parameters in every statement of a
+# multi-statement query (https://cloud.google.com/bigquery/docs/parameterized-queries,
+# https://cloud.google.com/bigquery/docs/multi-statement-queries). bqemulator 1.4.0
+# does not; tools/bqemulator/lossspike_bqemu_patches.py makes it, and these tests pin it.
+
+TRICKY = 'it\'s "quoted" \\ back\\slash\nnew line, ünïcödé ✓, @s and @@error.message'
+STRUCT_FIELDS = (("at", "TIMESTAMP"), ("name", "STRING"), ("n", "INT64"), ("x", "FLOAT64"), ("ok", "BOOL"))
+
+
+def _struct(values: tuple) -> bigquery.StructQueryParameter:
+    fields = (S(name, kind, value) for (name, kind), value in zip(STRUCT_FIELDS, values, strict=True))
+    return bigquery.StructQueryParameter(None, *fields)
+
+
+def test_bigquery_script_binds_every_parameter_type(bq):
+    nan, inf = float("nan"), float("inf")
+    params = [
+        S("ts", "TIMESTAMP", NOW),
+        S("s", "STRING", TRICKY),
+        S("i", "INT64", -(2**63)),
+        S("big", "INT64", 2**63 - 1),
+        S("f", "FLOAT64", 0.1),
+        S("f_nan", "FLOAT64", nan),
+        S("f_inf", "FLOAT64", inf),
+        S("f_ninf", "FLOAT64", -inf),
+        S("f_null", "FLOAT64", None),
+        S("b", "BOOL", True),
+        S("b_false", "BOOL", False),
+        S("ts_null", "TIMESTAMP", None),
+        S("s_null", "STRING", None),
+        bigquery.ArrayQueryParameter("names", "STRING", ["a'b", "", TRICKY]),
+        bigquery.ArrayQueryParameter("none", "STRING", []),
+    ]
+    script = """
+DECLARE copy STRING DEFAULT @s;
+IF @b AND NOT @b_false AND @i < 0 THEN
+  SELECT 'if branch' AS never_last;
+END IF;
+SELECT @ts AS ts, @s AS s, copy = @s AS same, '@s' AS literal, @i AS i, @big AS big,
+       @f AS f, IS_NAN(@f_nan) AS f_nan, @f_inf AS f_inf, @f_ninf AS f_ninf, @f_null AS f_null,
+       @b AS b, @b_false AS b_false, @ts_null AS ts_null, @s_null AS s_null,
+       @names AS names, ARRAY_LENGTH(@none) AS none_len,
+       (SELECT COUNT(*) FROM UNNEST(@names) AS n WHERE n = @s) AS found
+"""
+    job = bq.query(script, job_config=_config(params), **FAST)
+    row = dict(next(iter(job.result(**_no_job_retry()))))
+    assert job.statement_type == "SCRIPT"
+    assert row == {
+        "ts": NOW,
+        "s": TRICKY,
+        "same": True,
+        "literal": "@s",  # a string literal is never a parameter
+        "i": -(2**63),
+        "big": 2**63 - 1,
+        "f": 0.1,
+        "f_nan": True,
+        "f_inf": inf,
+        "f_ninf": -inf,
+        "f_null": None,
+        "b": True,
+        "b_false": False,
+        "ts_null": None,
+        "s_null": None,
+        "names": ["a'b", "", TRICKY],
+        "none_len": 0,
+        "found": 1,
+    }
+
+
+def test_script_parameter_binding_replaces_whole_tokens_only():
+    """Only a whole ``@name`` token of a given parameter outside string literals is bound."""
+    spec = importlib.util.spec_from_file_location("patches", bqserver.PATCH_SOURCE)
+    patches = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(patches)
+    params = {
+        name: {"name": name, "parameterType": {"type": "STRING"}, "parameterValue": {"value": name.upper()}}
+        for name in ("s", "error")
+    }
+    sql = "SELECT @s, @ss, '@s', `@s`, \"@s x\", @@error.message, @1 FROM t WHERE x = @s"
+    bound, values = patches.bind_named_parameters(sql, ["var"], params)
+    assert bound == (
+        "SELECT CAST(@2 AS STRING), @ss, '@s', `@s`, '@s x', @@error.message, @1 FROM t WHERE x = CAST(@3 AS STRING)"
+    )
+    assert values == ["var", "S", "S"]
+    assert patches.bind_named_parameters("SELECT '@s'", [], params) == ("SELECT '@s'", [])
+
+
+def test_bigquery_script_writes_struct_array_parameter_exactly(bq):
+    table = f"{PROJECT}.obs.script_structs"
+    bq.create_table(bigquery.Table(table, schema=[bigquery.SchemaField(f, k) for f, k in STRUCT_FIELDS]))
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        (NOW, TRICKY, 2**63 - 1, nan, True),
+        (NOW - timedelta(microseconds=1), "", -1, inf, False),
+        (None, None, None, None, None),
+        (NOW, "x", 0, -inf, None),
+        (NOW, "y", 7, 1e-300, True),
+    ]
+    script = f"""
+BEGIN TRANSACTION;
+INSERT INTO `{table}` (at, name, n, x, ok) SELECT r.at, r.name, r.n, r.x, r.ok FROM UNNEST(@rows) AS r;
+COMMIT TRANSACTION;
+"""
+    param = bigquery.ArrayQueryParameter("rows", "STRUCT", [_struct(r) for r in rows])
+    bq.query(script, job_config=_config([param]), **FAST).result(**_no_job_retry())
+    back = sorted(
+        (tuple(r.values()) for r in bq.list_rows(table, **_no_job_retry())),
+        key=lambda r: (r[2] is None, r[2] or 0),
+    )
+    want = sorted(rows, key=lambda r: (r[2] is None, r[2] or 0))
+    assert len(back) == len(want)
+    for got, expected in zip(back, want, strict=True):
+        assert got[:3] == expected[:3] and got[4] == expected[4]
+        assert got[3] == expected[3] or (math.isnan(got[3]) and math.isnan(expected[3]))
+
+
+WRITE_SCRIPT = """
+BEGIN TRANSACTION;
+IF EXISTS(SELECT 1 FROM `{table}` WHERE evaluated_at = @now) THEN
+  DELETE FROM `{table}` WHERE evaluated_at = @now;
+END IF;
+INSERT INTO `{table}` (evaluated_at, cluster, job, run, reason, value, baseline_mean, recent_peak)
+SELECT @now, r.cluster, r.job, r.run, r.reason, r.value, r.baseline_mean, CAST(r.recent_peak AS FLOAT64)
+FROM UNNEST(@rows) AS r;
+COMMIT TRANSACTION;
+"""
+
+
+def test_bigquery_write_script_run_twice_leaves_one_copy(bq):
+    table = f"{PROJECT}.obs.script_alerts"
+    bq.create_table(bigquery.Table(table, schema=ALERT_SCHEMA))
+    earlier = NOW - timedelta(minutes=1)
+
+    def write(now: datetime, runs: list[str]) -> None:
+        rows = bigquery.ArrayQueryParameter("rows", "STRUCT", [_alert(now, r, "healthy", 0, 1.5, "nan") for r in runs])
+        params = [S("now", "TIMESTAMP", now), rows]
+        job = bq.query(WRITE_SCRIPT.format(table=table), job_config=_config(params), **FAST)
+        job.result(**_no_job_retry())
+
+    write(earlier, ["hero-a"])
+    write(NOW, ["hero-a", "hero-b"])
+    write(NOW, ["hero-a", "hero-b"])  # the retried tick replaces its own rows
+    back = sorted((r.evaluated_at, r.run) for r in bq.list_rows(table, **_no_job_retry()))
+    assert back == [(earlier, "hero-a"), (NOW, "hero-a"), (NOW, "hero-b")]
+    write(NOW, ["hero-c"])  # a later write of the same tick wins whole
+    back = sorted((r.evaluated_at, r.run) for r in bq.list_rows(table, **_no_job_retry()))
+    assert back == [(earlier, "hero-a"), (NOW, "hero-c")]
+    peaks = [r.recent_peak for r in bq.list_rows(table, **_no_job_retry())]
+    assert all(math.isnan(p) for p in peaks)
+
+
+def test_bigquery_script_refreshes_view_then_reads_late_rows(bq):
+    source = f"{PROJECT}.obs.mv_source"
+    view = f"{PROJECT}.obs.mv_minutes"
+    bq.create_table(bigquery.Table(source, schema=TELEMETRY_SCHEMA))
+    bq.query(
+        f"""CREATE MATERIALIZED VIEW `{view}` AS
+        SELECT run_id, TIMESTAMP_TRUNC(timestamp, MINUTE) AS minute, COUNT(*) AS samples, MAX(value) AS peak
+        FROM `{source}` GROUP BY run_id, minute""",
+        **FAST,
+    ).result(**_no_job_retry())
+    tick = f"""CALL BQ.REFRESH_MATERIALIZED_VIEW('{view}');
+SELECT run_id, minute, samples, peak FROM `{view}` WHERE minute >= @start ORDER BY minute"""
+    start = NOW - timedelta(minutes=2)
+
+    def insert(*at_values: tuple[datetime, float]) -> None:
+        rows = [{"timestamp": at.isoformat(), "service": "s", "run_id": "hero-a", "value": v} for at, v in at_values]
+        assert bq.insert_rows_json(source, rows, **_no_job_retry()) == []
+
+    def read() -> list[tuple]:
+        job = bq.query(tick, job_config=_config([S("start", "TIMESTAMP", start)]), **FAST)
+        return [tuple(r.values()) for r in job.result(**_no_job_retry())]
+
+    insert((NOW - timedelta(seconds=110), 1.0), (NOW - timedelta(seconds=50), 2.0))
+    assert read() == [("hero-a", NOW - timedelta(minutes=2), 1, 1.0), ("hero-a", NOW - timedelta(minutes=1), 1, 2.0)]
+    # A late sample for an old minute, and one before @start: the next tick sees the first only.
+    insert((NOW - timedelta(seconds=115), 3.0), (NOW - timedelta(minutes=5), 9.0))
+    assert read() == [("hero-a", NOW - timedelta(minutes=2), 2, 3.0), ("hero-a", NOW - timedelta(minutes=1), 1, 2.0)]
+
+
+def test_bigquery_script_statistics_quirk(bq):
+    """Pinned emulator facts a real script job reports differently.
+
+    - Real BigQuery fills ``mview_last_refresh_time`` after a refresh
+      (REST Table.materializedView.lastRefreshTime); the emulator leaves it None.
+    - A real script job reports bytes processed/billed summed over its child jobs and
+      has one child job per statement; the emulator reports 0 bytes processed, no
+      bytes billed and no child jobs.
+    - ``maximum_bytes_billed`` is ignored: real BigQuery fails a query that would bill
+      more (and bills at least 10 MB a query), the emulator runs it.
+    """
+    source = f"{PROJECT}.obs.quirk_source"
+    view = f"{PROJECT}.obs.quirk_view"
+    bq.create_table(bigquery.Table(source, schema=TELEMETRY_SCHEMA))
+    ddl = f"CREATE MATERIALIZED VIEW `{view}` AS SELECT run_id, COUNT(*) AS n FROM `{source}` GROUP BY run_id"
+    bq.query(ddl, **FAST).result(**_no_job_retry())
+    job = bq.query(
+        f"CALL BQ.REFRESH_MATERIALIZED_VIEW('{view}');\nSELECT * FROM `{view}` WHERE n > @min",
+        job_config=_config([S("min", "INT64", 0)]),
+        **FAST,
+    )
+    job.result(**_no_job_retry())
+    assert bq.get_table(view).mview_last_refresh_time is None
+    assert (job.total_bytes_processed, job.total_bytes_billed, job.num_child_jobs) == (0, None, 0)
+    assert list(bq.list_jobs(parent_job=job.job_id)) == []
+    capped = bigquery.QueryJobConfig(maximum_bytes_billed=1)
+    rows = bq.query(f"SELECT COUNT(*) AS n FROM `{PROJECT}.obs.telemetry`", job_config=capped, **FAST).result()
+    assert next(iter(rows)).n > 0
+
+
+# The query `lossspike cost --actual` runs; INFORMATION_SCHEMA.JOBS and its columns:
+# https://cloud.google.com/bigquery/docs/information-schema-jobs. That doc says to
+# leave out statement_type = 'SCRIPT' when summing cost: a script's row repeats the
+# sum of its child jobs' rows.
+COST_SQL = """
+SELECT DATE(creation_time) AS day, COUNT(*) AS jobs, SUM(total_bytes_billed) AS bytes_billed
+FROM `region-us`.INFORMATION_SCHEMA.JOBS
+WHERE creation_time >= @since AND statement_type != 'SCRIPT'
+  AND EXISTS(SELECT 1 FROM UNNEST(labels) AS l WHERE l.key = 'app' AND l.value = 'lossspike')
+GROUP BY day ORDER BY day
+"""
+
+
+def _job(job_id: str, at: datetime, billed: int | None, labels: dict, **columns) -> dict:
+    row = {"job_id": job_id, "creation_time": at, "project_id": PROJECT, "job_type": "QUERY"}
+    row |= {"statement_type": "SELECT", "total_bytes_billed": billed, "state": "DONE"}
+    return row | {"labels": [{"key": k, "value": v} for k, v in labels.items()]} | columns
+
+
+def test_bigquery_information_schema_jobs_is_seedable(bq):
+    app = {"app": "lossspike"}
+    yesterday = NOW - timedelta(days=1)
+    bqserver.seed_jobs(
+        bq,
+        [
+            _job("old", NOW - timedelta(days=9), 10**9, app),
+            _job("y1", yesterday, 10 * 2**20, app | {"env": "prod"}),
+            _job("y2", yesterday + timedelta(hours=1), None, app),  # e.g. a cache hit
+            _job("script", NOW, 30 * 2**20, app, statement_type="SCRIPT"),
+            _job("child1", NOW, 10 * 2**20, app, parent_job_id="script", statement_type="DELETE"),
+            _job("child2", NOW, 20 * 2**20, app, parent_job_id="script", statement_type="INSERT"),
+            _job("other", NOW, 99, {"app": "other"}),
+            _job("unlabelled", NOW, 99, {}),
+        ],
+    )
+    since = NOW - timedelta(days=2)
+    job = bq.query(COST_SQL, job_config=_config([S("since", "TIMESTAMP", since)]), **FAST)
+    rows = [tuple(r.values()) for r in job.result(**_no_job_retry())]
+    assert rows == [(yesterday.date(), 2, 10 * 2**20), (NOW.date(), 2, 30 * 2**20)]
+    # The project-qualified and JOBS_BY_PROJECT spellings read the same rows; another region is empty.
+    for view in (
+        f"`{PROJECT}`.`region-us`.INFORMATION_SCHEMA.JOBS_BY_PROJECT",
+        f"`{PROJECT}.region-us.INFORMATION_SCHEMA.JOBS`",
+    ):
+        n = next(iter(bq.query(f"SELECT COUNT(*) AS n FROM {view}", **FAST).result(**_no_job_retry()))).n
+        assert n == 8
+    empty = bq.query("SELECT COUNT(*) AS n FROM `region-eu`.INFORMATION_SCHEMA.JOBS", **FAST).result()
+    assert next(iter(empty)).n == 0
+    with pytest.raises(ValueError, match="not INFORMATION_SCHEMA.JOBS columns: bytes"):
+        bqserver.seed_jobs(bq, [{"job_id": "x", "bytes": 1}])
 
 
 # --------------------------------------------------------------------------- Monitoring

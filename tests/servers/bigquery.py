@@ -25,6 +25,8 @@ when the context exits.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import json
 import os
 import pathlib
@@ -37,6 +39,8 @@ from collections.abc import Iterator
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = "tools/bqemulator/setup.sh"
+# lossspike's patches to the emulator; setup.sh copies this file into its venv.
+PATCH_SOURCE = REPO_ROOT / "tools" / "bqemulator" / "lossspike_bqemu_patches.py"
 # SPEC's telemetry contract as BigQuery columns.
 TELEMETRY_SCHEMA_FIELDS = (
     ("timestamp", "TIMESTAMP"),
@@ -74,6 +78,16 @@ def _require_emulator() -> pathlib.Path:
     return exe
 
 
+def _require_current_patches() -> None:
+    """Refuse to start an emulator whose venv lacks the repo's current patches (a stale setup)."""
+    installed = sorted(emulator_dir().glob(f"lib/python3*/site-packages/{PATCH_SOURCE.name}"))
+    if not installed or installed[0].read_bytes() != PATCH_SOURCE.read_bytes():
+        raise EmulatorUnavailable(
+            f"The BigQuery emulator in {emulator_dir()} lacks the current {PATCH_SOURCE.name}: "
+            f"re-run `bash {SETUP_SCRIPT}`."
+        )
+
+
 @contextlib.contextmanager
 def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 60.0) -> Iterator[str]:
     """Start the emulator on a free loopback port; yield its endpoint URL.
@@ -83,6 +97,7 @@ def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 
     (SIGTERM, then SIGKILL) on exit.
     """
     exe = _require_emulator()
+    _require_current_patches()
     venv = emulator_dir()
     workdir = tempfile.TemporaryDirectory(prefix="lossspike-bqemu-")
     env = {
@@ -225,3 +240,31 @@ def create_lossspike_tables(client, telemetry: str, alerts: str) -> None:
     table = bigquery.Table(alerts, schema=[bigquery.SchemaField.from_api_repr(c) for c in ALERTS_SCHEMA])
     table.time_partitioning = bigquery.TimePartitioning(field="evaluated_at")
     client.create_table(table)
+
+
+@functools.cache
+def emulator_patches():
+    """The emulator patch module (``PATCH_SOURCE``), loaded here for its names: it imports only the stdlib."""
+    spec = importlib.util.spec_from_file_location("lossspike_bqemu_patches", PATCH_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def seed_jobs(client, rows: list[dict], *, region: str = "us") -> None:
+    """Add job rows to the emulator's ```region-<region>`.INFORMATION_SCHEMA.JOBS`` of ``client.project``.
+
+    Rows use the view's column names (``emulator_patches().JOBS_COLUMNS``):
+    TIMESTAMP columns take datetimes, ``labels`` a list of ``{"key": ..., "value": ...}``.
+    The emulator records none of its own jobs there; only seeded rows are seen.
+    """
+    patches = emulator_patches()
+    unknown = sorted(set().union(*rows) - {name for name, _ in patches.JOBS_COLUMNS}) if rows else []
+    if unknown:
+        raise ValueError(f"seed_jobs: not INFORMATION_SCHEMA.JOBS columns: {', '.join(unknown)}")
+    # The first query naming the view creates its table in the emulator.
+    client.query(f"SELECT job_id FROM `region-{region}`.INFORMATION_SCHEMA.JOBS LIMIT 0").result()
+    table = client.get_table(patches.jobs_table(client.project, region))
+    errors = client.insert_rows(table, rows)
+    if errors:
+        raise ValueError(f"seed_jobs: rows rejected: {errors}")

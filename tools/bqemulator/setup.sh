@@ -12,6 +12,12 @@
 # the extension as a wheel (duckdb-extension-spatial) and install the extension
 # file into DIR/home/.duckdb; tests/servers/bigquery.py runs the server with
 # HOME=DIR/home so DuckDB finds it without any network.
+#
+# lossspike_bqemu_patches.py (next to this script) is copied into the venv's
+# site-packages with a .pth file that imports it at interpreter start: it
+# patches the emulator where it differs from BigQuery in ways the product
+# relies on (see its docstring). The stamp carries the patch's hash, so editing
+# the patch makes the next run re-install it.
 set -euo pipefail
 
 BQEMULATOR_VERSION=1.4.0
@@ -20,7 +26,9 @@ DUCKDB_VERSION=1.5.5   # must equal the duckdb-extension-spatial version
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 dir="${1:-$repo/.tools/bqemulator}"
-stamp="$dir/.lossspike-setup-$BQEMULATOR_VERSION-$DUCKDB_VERSION"
+patch="$here/lossspike_bqemu_patches.py"
+patch_hash="$(sha256sum "$patch" | cut -c1-12)"
+stamp="$dir/.lossspike-setup-$BQEMULATOR_VERSION-$DUCKDB_VERSION-patch-$patch_hash"
 
 if [[ -f "$stamp" && -x "$dir/bin/bqemulator" ]]; then
     echo "bqemulator $BQEMULATOR_VERSION already set up in $dir"
@@ -62,6 +70,22 @@ con.execute("SELECT ST_AsText(ST_Point(1, 2))").fetchall()
 print(f"DuckDB {duckdb.__version__}: spatial extension installed offline")
 PY
 
-# Smoke: the CLI imports.
+# Install the patches; the .pth line runs at every interpreter start of this venv.
+site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cp "$patch" "$site/lossspike_bqemu_patches.py"
+echo "import lossspike_bqemu_patches; lossspike_bqemu_patches.install()" >"$site/lossspike_bqemu_patches.pth"
+
+# Smoke: the CLI imports, and the patches apply to the installed release.
 "$dir/bin/bqemulator" --version
+"$dir/bin/python" - <<'PY'
+import bqemulator.jobs.executor as executor
+from importlib.metadata import version
+
+import lossspike_bqemu_patches as patches
+
+if version("bqemulator") != patches.PATCHED_VERSION or not getattr(executor, "_lossspike_patched", False):
+    raise SystemExit(f"lossspike_bqemu_patches did not apply to bqemulator {version('bqemulator')}")
+print("lossspike_bqemu_patches applied")
+PY
+rm -f "$dir"/.lossspike-setup-*
 touch "$stamp"
