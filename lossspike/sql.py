@@ -376,10 +376,10 @@ def bucket_groups_query(
         params["execution_uids"] = list(selection.execution_uids)
         attempt = d.in_list.format("execution_uid", p("execution_uids"))
     if recent_start is None:
-        part = "minute"
+        part, name = "minute", "minute"
     else:
         params["recent_start"] = recent_start
-        part = f"minute >= {p('recent_start')}"
+        part, name = f"minute >= {p('recent_start')}", "recent"
 
     def loss(fn: str, column: str) -> str:
         return f"{fn}({d.if_.format(attempt, column)}) AS {column}"
@@ -387,7 +387,7 @@ def bucket_groups_query(
     sql = f"""SELECT
   run_cluster,
   run_id,
-  {part} AS {"minute" if recent_start is None else "recent"},
+  {part} AS {name},
   loss_base,
   SUM(samples) AS samples,
   {loss("SUM", "loss_samples")},
@@ -404,7 +404,7 @@ FROM {source}
 WHERE minute >= {p("start")}
   AND minute < {p("end")}
   AND {runs}
-GROUP BY run_cluster, run_id, {part}, loss_base"""
+GROUP BY run_cluster, run_id, {name}, loss_base"""
     return Query(sql, params)
 
 
@@ -463,3 +463,38 @@ FROM samples
 WHERE is_loss AND cluster = {dialect.param.format("cluster")}
 ORDER BY timestamp"""
     return Query(sql, params)
+
+
+# Stand-ins replaced by Terraform's templatefile() placeholders in the view's template.
+_TEMPLATE_VALUES = {
+    "lossspike_template_project.lossspike_template_dataset.lossspike_template_table": "${telemetry_table}",
+    "lossspike_template_service": "${service}",
+    "lossspike_template_metric": "${metric}",
+    "lossspike_template_pattern": "${run_pattern}",
+    "2001-02-03 04:05:06": "${since}",
+}
+
+
+def rollup_view_query(telemetry_table: str, selection: Selection, since: datetime) -> str:
+    """The rollup view's query: minute buckets of the selection's runs from `since` on.
+
+    Explicit run IDs are not part of a view: a view for a list of runs is built
+    with a pattern covering them, and each tick reads the listed runs from it.
+    """
+    return minute_buckets(BIGQUERY, telemetry_table, selection, since=since)
+
+
+def rollup_view_template() -> str:
+    """rollup_view_query with Terraform placeholders, the text of terraform/sql/loss_spike_minutes.sql."""
+    text = rollup_view_query(
+        "lossspike_template_project.lossspike_template_dataset.lossspike_template_table",
+        Selection(
+            service="lossspike_template_service",
+            metric="lossspike_template_metric",
+            run_pattern="lossspike_template_pattern",
+        ),
+        datetime(2001, 2, 3, 4, 5, 6, tzinfo=UTC),
+    )
+    for stand_in, placeholder in _TEMPLATE_VALUES.items():
+        text = text.replace(stand_in, placeholder)
+    return text + "\n"

@@ -268,3 +268,40 @@ def seed_jobs(client, rows: list[dict], *, region: str = "us") -> None:
     errors = client.insert_rows(table, rows)
     if errors:
         raise ValueError(f"seed_jobs: rows rejected: {errors}")
+
+
+def insert_samples(client, table: str, samples) -> None:
+    """Stream test samples (tests/oracle.py's Sample) into a telemetry table, NaN and inf included."""
+    import math
+
+    def number(v):
+        if v is None or math.isfinite(v):
+            return v
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+
+    rows = [
+        {
+            "timestamp": s.timestamp.isoformat(),
+            "service": s.service,
+            "name": s.name,
+            "value": number(s.value),
+            "cluster": s.cluster,
+            "run_id": s.run_id,
+            "job_id": s.job_id,
+            "execution_uid": s.execution_uid,
+        }
+        for s in samples
+    ]
+    for start in range(0, len(rows), 5000):
+        errors = client.insert_rows_json(table, rows[start : start + 5000])
+        if errors:
+            raise RuntimeError(f"insert into {table} failed: {errors[:3]}")
+
+
+def create_rollup_view(client, rollup: str, telemetry: str, selection, since) -> None:
+    """The rollup view as Terraform makes it, in its unpartitioned form: the emulator
+    answers 404 to refreshing a view declared with PARTITION BY (tests/test_terraform.py
+    checks the partitioned form in the plan)."""
+    from lossspike.sql import rollup_view_query
+
+    client.query(f"CREATE MATERIALIZED VIEW `{rollup}` AS\n{rollup_view_query(telemetry, selection, since)}").result()
