@@ -6,8 +6,9 @@ resource "google_cloudfunctions2_function" "evaluator" {
   labels      = local.labels
 
   build_config {
-    runtime     = var.runtime
-    entry_point = "evaluate"
+    runtime         = var.runtime
+    entry_point     = "evaluate"
+    service_account = google_service_account.build.id
 
     source {
       storage_source {
@@ -31,6 +32,7 @@ resource "google_cloudfunctions2_function" "evaluator" {
 
   depends_on = [
     google_project_service.services,
+    time_sleep.build_grants,
     google_bigquery_table_iam_member.alerts_editor,
     google_project_iam_member.function_job_user,
     google_project_iam_member.function_metric_writer,

@@ -1,10 +1,23 @@
-# Two identities, each holding only what it uses, each role on the narrowest resource.
+# Three identities, each holding only what it uses, each role on the narrowest resource.
 
 resource "google_service_account" "function" {
   project      = var.project_id
   account_id   = "${var.name}-fn"
   display_name = "lossspike evaluator (Cloud Function runtime)"
   description  = "Reads Levanter telemetry, writes loss-spike alert rows and custom metrics."
+
+  depends_on = [google_project_service.services]
+}
+
+# Cloud Build runs the function's build as this account. Since July 2024 a new project's default
+# build account may lack the rights to build, and where the organization policy
+# iam.automaticIamGrantsForDefaultServiceAccounts is enforced it certainly does; so the module
+# names its own (https://cloud.google.com/functions/docs/securing/build-custom-sa).
+resource "google_service_account" "build" {
+  project      = var.project_id
+  account_id   = "${var.name}-build"
+  display_name = "lossspike build (Cloud Build for the function)"
+  description  = "Builds the evaluator's container: reads its source zip, writes the image and the build logs."
 
   depends_on = [google_project_service.services]
 }
@@ -61,4 +74,41 @@ resource "google_cloud_run_service_iam_member" "invoker" {
   service  = google_cloudfunctions2_function.evaluator.name
   role     = "roles/run.invoker"
   member   = "serviceAccount:${google_service_account.invoker.email}"
+}
+
+# The build account's roles, as listed by build-custom-sa (link above): build logs, the
+# image in Artifact Registry (gcf-artifacts, a repository the service creates, hence the
+# project), and the source object in this module's bucket only.
+resource "google_project_iam_member" "build_log_writer" {
+  project = var.project_id
+  role    = "roles/logging.logWriter"
+  member  = "serviceAccount:${google_service_account.build.email}"
+}
+
+resource "google_project_iam_member" "build_artifact_writer" {
+  project = var.project_id
+  role    = "roles/artifactregistry.writer"
+  member  = "serviceAccount:${google_service_account.build.email}"
+}
+
+resource "google_storage_bucket_iam_member" "build_source_reader" {
+  bucket = google_storage_bucket.source.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.build.email}"
+}
+
+# IAM grants are eventually consistent; a build started right after them can fail with a
+# permission error. Waiting once here keeps the first apply from failing.
+resource "time_sleep" "build_grants" {
+  create_duration = "${var.iam_propagation_seconds}s"
+
+  triggers = {
+    account = google_service_account.build.email
+  }
+
+  depends_on = [
+    google_project_iam_member.build_log_writer,
+    google_project_iam_member.build_artifact_writer,
+    google_storage_bucket_iam_member.build_source_reader,
+  ]
 }

@@ -18,16 +18,25 @@ locals {
     runs_watched = "${var.metric_prefix}/runs_watched"
   }
 
+  # Terraform 1.0 has no cross-variable validation: a lookup of a key that is not in the map
+  # fails the plan (every local is evaluated, referenced or not), and the error shows this
+  # expression with the message as the key.
+  window_check = { ok = true }[
+    var.recent_minutes < var.baseline_minutes ? "ok" : "recent_minutes must be less than baseline_minutes"
+  ]
+
+  runbook = var.runbook_url != "" ? var.runbook_url : "docs/runbook.md in the lossspike repository"
+
   # The function's whole configuration. These names are the contract with the Python side
-  # (lossspike's settings); this map is the one place Terraform lists them.
-  function_env = {
+  # (lossspike's settings); this map is the one place Terraform lists them. An empty run list
+  # is left out rather than set empty, so the pattern applies.
+  function_env = merge(length(var.run_ids) > 0 ? { LOSSSPIKE_RUN_IDS = join(",", var.run_ids) } : {}, {
     LOSSSPIKE_BACKEND              = "bigquery"
     LOSSSPIKE_PROJECT              = var.project_id
     LOSSSPIKE_LOCATION             = var.bigquery_location
     LOSSSPIKE_TELEMETRY_TABLE      = var.telemetry_table
     LOSSSPIKE_ALERTS_TABLE         = local.alerts_table_id
     LOSSSPIKE_RUN_PATTERN          = var.run_pattern
-    LOSSSPIKE_RUN_IDS              = join(",", var.run_ids)
     LOSSSPIKE_METRIC               = var.metric_name
     LOSSSPIKE_SERVICE              = var.service_name
     LOSSSPIKE_BASELINE_MINUTES     = tostring(var.baseline_minutes)
@@ -39,7 +48,7 @@ locals {
     LOSSSPIKE_REFERENCE            = var.reference
     LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
     LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
-  }
+  })
 
   services = toset([
     "artifactregistry.googleapis.com",

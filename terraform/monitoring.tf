@@ -1,8 +1,25 @@
+# Series design (cost, issue #8): the function writes an `alert` point only for a run whose
+# reason pages (spiking, not_finite, stalled): 1, or 0 while the run is silenced. Healthy and
+# warming-up runs get no point, so a series that stops arriving must read as "not firing":
+# the threshold condition evaluates missing data as false (EVALUATION_MISSING_DATA_INACTIVE,
+# https://cloud.google.com/python/docs/reference/monitoring/latest/google.cloud.monitoring_v3.types.AlertPolicy.Condition.EvaluationMissingData),
+# and the incident closes once the run stops paging.
+#
+# Every condition's filter names the metric type and the monitored resource type: points are
+# written to the `global` resource, Cloud Run's logs to `cloud_run_revision`
+# (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies#MetricThreshold).
+
+locals {
+  paging_reasons = ["spiking", "not_finite", "stalled"]
+
+  failed_ticks_metric_type = "logging.googleapis.com/user/${google_logging_metric.failed_ticks.name}"
+}
+
 resource "google_monitoring_metric_descriptor" "alert" {
   project      = var.project_id
   type         = local.metric_types.alert
   display_name = "lossspike alert"
-  description  = "1 while a watched run's loss is spiking or not finite, 0 otherwise; one series per run and reason."
+  description  = "Written each tick only for a run whose verdict pages (spiking, not_finite, stalled): 1, or 0 while the run is silenced. Healthy and warming-up runs write nothing. The run's job ID is in the alert rows, not in a label."
   metric_kind  = "GAUGE"
   value_type   = "INT64"
   unit         = "1"
@@ -13,11 +30,6 @@ resource "google_monitoring_metric_descriptor" "alert" {
     description = "Cluster of the run ('unknown' when the telemetry has none)."
   }
   labels {
-    key         = "job"
-    value_type  = "STRING"
-    description = "Newest job ID of the run."
-  }
-  labels {
     key         = "run"
     value_type  = "STRING"
     description = "Run ID."
@@ -25,7 +37,7 @@ resource "google_monitoring_metric_descriptor" "alert" {
   labels {
     key         = "reason"
     value_type  = "STRING"
-    description = "Verdict: warming_up, not_finite, spiking or healthy."
+    description = "Paging verdict: spiking, not_finite or stalled."
   }
 
   depends_on = [google_project_service.services]
@@ -43,18 +55,50 @@ resource "google_monitoring_metric_descriptor" "runs_watched" {
   depends_on = [google_project_service.services]
 }
 
+# Counts the function's failures without depending on one tick ever succeeding: the ERROR line
+# a failed tick logs, the ERROR request log of a 5xx answer, and a crash at cold start (bad
+# settings) all land on the function's Cloud Run revision with severity ERROR or above.
+resource "google_logging_metric" "failed_ticks" {
+  project     = var.project_id
+  name        = "${var.name}_failed_ticks"
+  description = "ERROR (or worse) log entries of the lossspike evaluator: failed ticks, 5xx answers, start-up crashes."
+  filter      = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"${var.name}\" AND severity>=ERROR"
+
+  metric_descriptor {
+    metric_kind = "DELTA"
+    value_type  = "INT64"
+    unit        = "1"
+  }
+
+  depends_on = [google_project_service.services]
+}
+
+# A policy naming a metric created moments ago fails with "Cannot find metric(s) that match
+# type ... If a metric was created recently, it could take up to 10 minutes to become
+# available" (hashicorp/terraform-provider-google#11102, #10325). Wait that long once, in
+# parallel with the function build; re-created descriptors wait again.
+resource "time_sleep" "metrics_visible" {
+  create_duration = "${var.metric_propagation_seconds}s"
+
+  triggers = {
+    alert        = google_monitoring_metric_descriptor.alert.id
+    runs_watched = google_monitoring_metric_descriptor.runs_watched.id
+    failed_ticks = google_logging_metric.failed_ticks.id
+  }
+}
+
 resource "google_monitoring_alert_policy" "loss_spike" {
   project               = var.project_id
-  display_name          = "lossspike: training loss spike or non-finite loss"
+  display_name          = "lossspike: training loss spiking, not finite or stalled"
   combiner              = "OR"
   notification_channels = var.notification_channels
   user_labels           = local.labels
 
   conditions {
-    display_name = "Run's loss alert is firing"
+    display_name = "A run's paging verdict (spiking, not_finite, stalled)"
 
     condition_threshold {
-      filter                  = "metric.type = \"${local.metric_types.alert}\""
+      filter                  = "metric.type = \"${local.metric_types.alert}\" AND resource.type = \"global\""
       comparison              = "COMPARISON_GT"
       threshold_value         = 0.5
       duration                = "0s"
@@ -77,21 +121,28 @@ resource "google_monitoring_alert_policy" "loss_spike" {
     auto_close = "${var.alert_auto_close_seconds}s"
   }
 
+  # Policy documentation can insert labels (${metric.label.x}) but not values or times.
   documentation {
     mime_type = "text/markdown"
     content   = <<-EOT
       Run **$${metric.label.run}** on cluster **$${metric.label.cluster}** reports **$${metric.label.reason}**.
 
-      `spiking`: the floor of the last ${var.recent_minutes} minutes of ${var.metric_name} rose above the
-      ${var.baseline_minutes}-minute baseline by more than max(${var.min_rise}, ${var.sigma} sigma): a sustained
-      divergence, not a single skipped step. `not_finite`: a NaN or infinite loss in the recent window.
+      - `spiking`: the floor of the last ${var.recent_minutes} minutes of ${var.metric_name} rose above the
+        ${var.baseline_minutes}-minute baseline by more than max(${var.min_rise}, ${var.sigma} sigma): a sustained
+        divergence, not a single skipped step.
+      - `not_finite`: a NaN, infinite or absurdly large loss in the recent window.
+      - `stalled`: the run has reported no loss for at least stall_minutes (a hung step, a stuck loader,
+        a crash without a restart).
 
-      The window statistics behind the verdict are in `${local.alerts_table_id}` and the
-      `${var.project_id}.${var.dataset_id}.loss_spike_latest` view. The incident closes when the run recovers.
+      Runbook: ${local.runbook}
+
+      The run's job ID and the window statistics behind the verdict are in `${local.alerts_table_id}` and
+      `${var.project_id}.${var.dataset_id}.loss_spike_latest`. Silencing the run (`lossspike silence`)
+      writes 0 and closes the incident; so does the run recovering.
     EOT
   }
 
-  depends_on = [google_monitoring_metric_descriptor.alert]
+  depends_on = [time_sleep.metrics_visible]
 }
 
 resource "google_monitoring_alert_policy" "heartbeat" {
@@ -105,7 +156,7 @@ resource "google_monitoring_alert_policy" "heartbeat" {
     display_name = "No lossspike heartbeat for ${var.heartbeat_absent_seconds / 60} minutes"
 
     condition_absent {
-      filter   = "metric.type = \"${local.metric_types.runs_watched}\""
+      filter   = "metric.type = \"${local.metric_types.runs_watched}\" AND resource.type = \"global\""
       duration = "${var.heartbeat_absent_seconds}s"
 
       aggregations {
@@ -129,10 +180,61 @@ resource "google_monitoring_alert_policy" "heartbeat" {
       The lossspike evaluator has written no `${local.metric_types.runs_watched}` point for
       ${var.heartbeat_absent_seconds / 60} minutes, so no run's loss is being watched.
 
-      Check the Scheduler job `${var.name}-tick` (paused? failing attempts?) and the logs of the
-      Cloud Function `${var.name}` in ${var.region}.
+      Check the Scheduler job `${var.name}-tick` in ${var.region} (paused? failing attempts?) and the
+      logs of the Cloud Function `${var.name}`. An absence condition needs one point after it was
+      installed; the "ticks are failing" policy covers a deployment that never succeeded.
+
+      Runbook: ${local.runbook}
     EOT
   }
 
-  depends_on = [google_monitoring_metric_descriptor.runs_watched]
+  depends_on = [time_sleep.metrics_visible]
+}
+
+resource "google_monitoring_alert_policy" "failed_ticks" {
+  project               = var.project_id
+  display_name          = "lossspike: evaluator ticks are failing"
+  combiner              = "OR"
+  notification_channels = var.notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "At least ${var.failed_ticks_to_page} evaluator errors in ${var.failed_ticks_window_seconds / 60} minutes"
+
+    condition_threshold {
+      filter                  = "metric.type = \"${local.failed_ticks_metric_type}\" AND resource.type = \"cloud_run_revision\""
+      comparison              = "COMPARISON_GT"
+      threshold_value         = var.failed_ticks_to_page - 0.5
+      duration                = "0s"
+      evaluation_missing_data = "EVALUATION_MISSING_DATA_INACTIVE"
+
+      aggregations {
+        alignment_period     = "${var.failed_ticks_window_seconds}s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close = "${var.alert_auto_close_seconds}s"
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = <<-EOT
+      The lossspike evaluator `${var.name}` in ${var.region} logged at least ${var.failed_ticks_to_page} errors
+      in ${var.failed_ticks_window_seconds / 60} minutes: ticks are failing (wrong table, location or grant,
+      bad settings at start-up, a BigQuery byte cap), so runs may not be watched.
+
+      The ERROR line names the cause: Logs Explorer, resource "Cloud Run Revision" `${var.name}`,
+      severity ERROR. Runbook: ${local.runbook}
+    EOT
+  }
+
+  depends_on = [time_sleep.metrics_visible]
 }

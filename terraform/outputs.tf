@@ -8,6 +8,16 @@ output "function_uri" {
   value       = google_cloudfunctions2_function.evaluator.service_config[0].uri
 }
 
+output "smoke_test_command" {
+  description = "Runs one tick now through Scheduler (the function takes internal traffic only); then check the logs and the alert table."
+  value       = "gcloud scheduler jobs run ${google_cloud_scheduler_job.tick.name} --project ${var.project_id} --location ${var.region}"
+}
+
+output "build_service_account" {
+  description = "Email of the service account Cloud Build builds the function as."
+  value       = google_service_account.build.email
+}
+
 output "function_service_account" {
   description = "Email of the function's runtime service account."
   value       = google_service_account.function.email
@@ -44,10 +54,11 @@ output "metric_types" {
 }
 
 output "alert_policies" {
-  description = "IDs of the per-run loss-spike policy and the evaluator-heartbeat policy."
+  description = "IDs of the per-run policy, the evaluator-heartbeat policy and the failing-ticks policy."
   value = {
-    loss_spike = google_monitoring_alert_policy.loss_spike.name
-    heartbeat  = google_monitoring_alert_policy.heartbeat.name
+    loss_spike   = google_monitoring_alert_policy.loss_spike.name
+    heartbeat    = google_monitoring_alert_policy.heartbeat.name
+    failed_ticks = google_monitoring_alert_policy.failed_ticks.name
   }
 }
 

@@ -8,12 +8,10 @@ resource "google_cloud_scheduler_job" "tick" {
   paused           = var.scheduler_paused
   attempt_deadline = "${local.attempt_deadline_seconds}s"
 
+  # No retries (SPEC "Time"): the next tick, a minute later, is the retry. A retry of an old
+  # minute would overlap the fresh ticks and Scheduler skips a tick while one is running.
   retry_config {
-    retry_count          = var.scheduler_retry_count
-    max_retry_duration   = "300s"
-    min_backoff_duration = "10s"
-    max_backoff_duration = "60s"
-    max_doublings        = 2
+    retry_count = 0
   }
 
   http_target {

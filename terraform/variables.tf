@@ -7,8 +7,10 @@ variable "project_id" {
   type        = string
 
   validation {
-    condition     = can(regex("^([a-z][a-z0-9.-]*:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$", var.project_id))
-    error_message = "The project_id must be a Google Cloud project ID such as \"my-project-123\"."
+    # Domain-scoped IDs ("example.com:proj") are refused: the function's settings cannot name
+    # their tables (project.dataset.table), so every cold start would fail.
+    condition     = can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]$", var.project_id))
+    error_message = "The project_id must be a Google Cloud project ID such as \"my-project-123\" (6-30 lowercase letters, digits, hyphens; domain-scoped IDs like \"example.com:proj\" are not supported)."
   }
 }
 
@@ -18,7 +20,8 @@ variable "region" {
   default     = "us-central1"
 
   validation {
-    condition     = can(regex("^[a-z]+-[a-z]+[0-9]$", var.region))
+    # Region names end in one or two digits: us-central1, europe-west12, me-central2.
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]{1,2}$", var.region))
     error_message = "The region must be a Google Cloud region such as \"us-central1\"."
   }
 }
@@ -50,13 +53,17 @@ variable "enable_apis" {
 # BigQuery
 # ---------------------------------------------------------------------------------------------
 
+# Terraform 1.0 runs a validation on a -var value before converting it to the variable's type,
+# so `floor(var.x) == var.x` compares a number with the string "90" and fails; every whole-number
+# check compares with tonumber(var.x) instead (found by tests/test_terraform.py).
+
 variable "telemetry_table" {
   description = "Levanter telemetry table or view, as \"project.dataset.table\" (see README: adapter views)."
   type        = string
 
   validation {
-    condition     = can(regex("^[a-z0-9.:-]+\\.[A-Za-z0-9_]+\\.[A-Za-z0-9_$-]+$", var.telemetry_table))
-    error_message = "The telemetry_table must be a fully qualified BigQuery table ID: \"project.dataset.table\"."
+    condition     = can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]\\.[A-Za-z0-9_]+\\.[A-Za-z0-9_$-]+$", var.telemetry_table))
+    error_message = "The telemetry_table must be a fully qualified BigQuery table ID: \"project.dataset.table\" (domain-scoped projects are not supported)."
   }
 }
 
@@ -106,7 +113,7 @@ variable "alerts_retention_days" {
   default     = 90
 
   validation {
-    condition     = var.alerts_retention_days >= 1 && floor(var.alerts_retention_days) == var.alerts_retention_days
+    condition     = var.alerts_retention_days >= 1 && floor(var.alerts_retention_days) == tonumber(var.alerts_retention_days)
     error_message = "The alerts_retention_days must be a whole number of days, at least 1."
   }
 }
@@ -134,7 +141,7 @@ variable "max_bytes_billed" {
   default     = 10737418240
 
   validation {
-    condition     = var.max_bytes_billed >= 10485760 && floor(var.max_bytes_billed) == var.max_bytes_billed
+    condition     = var.max_bytes_billed >= 10485760 && floor(var.max_bytes_billed) == tonumber(var.max_bytes_billed)
     error_message = "The max_bytes_billed must be a whole number of bytes, at least 10485760 (BigQuery's 10 MB minimum)."
   }
 }
@@ -183,18 +190,18 @@ variable "baseline_minutes" {
   default     = 60
 
   validation {
-    condition     = var.baseline_minutes >= 2 && floor(var.baseline_minutes) == var.baseline_minutes
+    condition     = var.baseline_minutes >= 2 && floor(var.baseline_minutes) == tonumber(var.baseline_minutes)
     error_message = "The baseline_minutes must be a whole number, at least 2."
   }
 }
 
 variable "recent_minutes" {
-  description = "Length of the recent window, in minutes (must be less than baseline_minutes)."
+  description = "Length of the recent window, in minutes (must be less than baseline_minutes; the plan fails otherwise)."
   type        = number
   default     = 5
 
   validation {
-    condition     = var.recent_minutes >= 1 && floor(var.recent_minutes) == var.recent_minutes
+    condition     = var.recent_minutes >= 1 && floor(var.recent_minutes) == tonumber(var.recent_minutes)
     error_message = "The recent_minutes must be a whole number, at least 1."
   }
 }
@@ -227,8 +234,9 @@ variable "min_baseline_samples" {
   default     = 20
 
   validation {
-    condition     = var.min_baseline_samples >= 2 && floor(var.min_baseline_samples) == var.min_baseline_samples
-    error_message = "The min_baseline_samples must be a whole number, at least 2."
+    # Same floor as the Python settings (a positive integer).
+    condition     = var.min_baseline_samples >= 1 && floor(var.min_baseline_samples) == tonumber(var.min_baseline_samples)
+    error_message = "The min_baseline_samples must be a whole number, at least 1."
   }
 }
 
@@ -238,7 +246,7 @@ variable "min_recent_samples" {
   default     = 5
 
   validation {
-    condition     = var.min_recent_samples >= 1 && floor(var.min_recent_samples) == var.min_recent_samples
+    condition     = var.min_recent_samples >= 1 && floor(var.min_recent_samples) == tonumber(var.min_recent_samples)
     error_message = "The min_recent_samples must be a whole number, at least 1."
   }
 }
@@ -314,17 +322,6 @@ variable "schedule" {
   default     = "* * * * *"
 }
 
-variable "scheduler_retry_count" {
-  description = "Retries of a failed tick (a retry reproduces the same verdict: now is the scheduled time)."
-  type        = number
-  default     = 3
-
-  validation {
-    condition     = var.scheduler_retry_count >= 0 && var.scheduler_retry_count <= 5
-    error_message = "The scheduler_retry_count must be between 0 and 5."
-  }
-}
-
 variable "scheduler_paused" {
   description = "Create the Scheduler job paused (no ticks, so the heartbeat alert fires)."
   type        = bool
@@ -374,13 +371,68 @@ variable "alert_auto_close_seconds" {
   }
 }
 
+variable "failed_ticks_to_page" {
+  description = "Page when this many ticks failed (Scheduler attempt errors or function ERROR lines) within failed_ticks_window_seconds."
+  type        = number
+  default     = 3
+
+  validation {
+    condition     = var.failed_ticks_to_page >= 1 && floor(var.failed_ticks_to_page) == tonumber(var.failed_ticks_to_page)
+    error_message = "The failed_ticks_to_page must be a whole number, at least 1."
+  }
+}
+
+variable "failed_ticks_window_seconds" {
+  description = "Window over which failed ticks are counted."
+  type        = number
+  default     = 600
+
+  validation {
+    condition     = var.failed_ticks_window_seconds >= 60 && floor(var.failed_ticks_window_seconds / 60) * 60 == tonumber(var.failed_ticks_window_seconds)
+    error_message = "The failed_ticks_window_seconds must be a whole number of minutes, at least 60."
+  }
+}
+
+variable "metric_propagation_seconds" {
+  description = "Wait after creating metric descriptors before the alert policies that name them (Monitoring says a new metric may take up to 10 minutes to become visible). Runs in parallel with the function build."
+  type        = number
+  default     = 600
+
+  validation {
+    condition     = var.metric_propagation_seconds >= 0 && var.metric_propagation_seconds <= 1800
+    error_message = "The metric_propagation_seconds must be between 0 and 1800."
+  }
+}
+
+variable "iam_propagation_seconds" {
+  description = "Wait after granting the build account its roles before the function is built (IAM changes take time to apply)."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.iam_propagation_seconds >= 0 && var.iam_propagation_seconds <= 600
+    error_message = "The iam_propagation_seconds must be between 0 and 600."
+  }
+}
+
+variable "runbook_url" {
+  description = "URL of your copy of docs/runbook.md, linked from every page; empty names the file in the lossspike repository instead."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.runbook_url == "" || can(regex("^https?://", var.runbook_url))
+    error_message = "The runbook_url must be empty or an http(s) URL."
+  }
+}
+
 variable "heartbeat_absent_seconds" {
   description = "Page when the fleet heartbeat metric has been absent this long (a dead evaluator)."
   type        = number
   default     = 300
 
   validation {
-    condition     = var.heartbeat_absent_seconds >= 120 && floor(var.heartbeat_absent_seconds / 60) * 60 == var.heartbeat_absent_seconds
+    condition     = var.heartbeat_absent_seconds >= 120 && floor(var.heartbeat_absent_seconds / 60) * 60 == tonumber(var.heartbeat_absent_seconds)
     error_message = "The heartbeat_absent_seconds must be a whole number of minutes, at least 120."
   }
 }

@@ -11,5 +11,10 @@ terraform {
       source  = "hashicorp/archive"
       version = ">= 2.4, < 3.0"
     }
+    # time_sleep: waits for IAM grants and new metric descriptors to propagate.
+    time = {
+      source  = "hashicorp/time"
+      version = ">= 0.9, < 1.0"
+    }
   }
 }

@@ -28,14 +28,33 @@ CLI_CONFIG = TOOLS / "terraformrc"
 
 PROJECT = "example-project"
 CHANNEL = f"projects/{PROJECT}/notificationChannels/1234567890"
+# Thresholds away from their defaults, so a setting Terraform drops or renames shows.
+THRESHOLD_VARS = {
+    "baseline_minutes": 90,
+    "recent_minutes": 10,
+    "sigma": 7.5,
+    "min_rise": 0.125,
+    "min_baseline_samples": 1,  # Python's floor: Terraform must accept it too
+    "min_recent_samples": 3,
+    "reference": "floor",
+}
 EXAMPLE_VARS = {
     "project_id": PROJECT,
-    "region": "us-central1",
+    "region": "europe-west12",  # a two-digit region
     "telemetry_table": f"{PROJECT}.lossspike.telemetry",
     "create_telemetry_table": True,
     "notification_channels": [CHANNEL],
     "run_ids": ["hero-a", "hero-b"],
+    "run_pattern": "big-%",
+    "metric_name": "loss",
+    "service_name": "levanter2",
+    "bigquery_location": "EU",
+    "max_bytes_billed": 2**31,
+    "metric_prefix": "custom.googleapis.com/lossspike_eu",
     "alerts_retention_days": 30,
+    "metric_propagation_seconds": 300,
+    "runbook_url": "https://runbooks.example.com/lossspike",
+    **THRESHOLD_VARS,
 }
 
 # Every role the module may grant, and to whom (resource address -> (role, service account)).
@@ -45,6 +64,9 @@ EXPECTED_BINDINGS = {
     "google_project_iam_member.function_job_user": ("roles/bigquery.jobUser", "function"),
     "google_project_iam_member.function_metric_writer": ("roles/monitoring.metricWriter", "function"),
     "google_cloud_run_service_iam_member.invoker": ("roles/run.invoker", "invoker"),
+    "google_project_iam_member.build_log_writer": ("roles/logging.logWriter", "build"),
+    "google_project_iam_member.build_artifact_writer": ("roles/artifactregistry.writer", "build"),
+    "google_storage_bucket_iam_member.build_source_reader": ("roles/storage.objectViewer", "build"),
 }
 FUNCTION_URL = "google_cloudfunctions2_function.evaluator.service_config[0].uri"
 SOURCE_FILES = ["main.py", "requirements.txt", "lossspike/alerts_schema.json"]
@@ -170,7 +192,8 @@ def test_scheduler_calls_the_function_with_an_oidc_token(plan: dict) -> None:
     assert job["schedule"] == "* * * * *"
     assert job["time_zone"] == "Etc/UTC"
     assert job["http_target"][0]["http_method"] == "POST"
-    assert job["retry_config"][0]["retry_count"] >= 1
+    # SPEC "Time": Scheduler never retries; the next minute is the retry.
+    assert job["retry_config"][0]["retry_count"] == 0
     # The URL is unknown until the function exists: check the expressions instead.
     target = _config(plan, "google_cloud_scheduler_job.tick")["expressions"]["http_target"][0]
     assert FUNCTION_URL in _refs(target["uri"])
@@ -201,33 +224,76 @@ def test_function_is_private_and_single_instance(plan: dict) -> None:
     assert "google_storage_bucket_object.source.name" in _refs(storage["source"][0]["storage_source"][0]["object"])
 
 
-def test_function_environment(plan: dict) -> None:
+def test_gcp_belief_build_runs_as_a_named_account_after_its_grants(plan: dict) -> None:
+    # Belief (https://cloud.google.com/functions/docs/securing/build-custom-sa): since July 2024
+    # the default build account may lack build rights; a named one needs logs, Artifact Registry
+    # and the source object, and IAM grants take a while to apply.
+    config = _config(plan, "google_cloudfunctions2_function.evaluator")
+    build = config["expressions"]["build_config"][0]
+    assert "google_service_account.build.id" in _refs(build["service_account"])
+    assert "time_sleep.build_grants" in config["depends_on"]
+    sleep = _config(plan, "time_sleep.build_grants")
+    assert set(sleep["depends_on"]) == {
+        address for address, (_, account) in EXPECTED_BINDINGS.items() if account == "build"
+    }
+    assert _after(plan, "time_sleep.build_grants")["create_duration"] == "60s"
+
+
+def test_function_environment_is_what_the_variables_say_and_python_accepts(plan: dict) -> None:
     env = _after(plan, "google_cloudfunctions2_function.evaluator")["service_config"][0]["environment_variables"]
-    names = plan["planned_values"]["outputs"]["function_environment_variable_names"]["value"]
-    assert sorted(env) == names
-    assert all(n.startswith("LOSSSPIKE_") for n in names)
-    assert env["LOSSSPIKE_BACKEND"] == "bigquery"
-    assert env["LOSSSPIKE_PROJECT"] == PROJECT
-    assert env["LOSSSPIKE_TELEMETRY_TABLE"] == EXAMPLE_VARS["telemetry_table"]
-    assert env["LOSSSPIKE_ALERTS_TABLE"] == f"{PROJECT}.lossspike.loss_spike_alerts"
-    assert env["LOSSSPIKE_RUN_IDS"] == "hero-a,hero-b"
-    assert env["LOSSSPIKE_RUN_PATTERN"] == "hero-%"
-    assert env["LOSSSPIKE_REFERENCE"] == "mean"
-    assert env["LOSSSPIKE_METRIC_PREFIX"] == "custom.googleapis.com/lossspike"
-    assert float(env["LOSSSPIKE_SIGMA"]) == 6.0 and float(env["LOSSSPIKE_MIN_RISE"]) == 0.05
-    for name in (
-        "LOSSSPIKE_BASELINE_MINUTES",
-        "LOSSSPIKE_RECENT_MINUTES",
-        "LOSSSPIKE_MIN_BASELINE_SAMPLES",
-        "LOSSSPIKE_MIN_RECENT_SAMPLES",
-        "LOSSSPIKE_MAX_BYTES_BILLED",
-    ):
-        assert re.fullmatch(r"\d+", env[name]), (name, env[name])
-    # The deployed environment is exactly what the function's cold start accepts.
+    # The Python side parses it at every cold start; any name it does not know is refused there.
     settings = load_settings(env)
     assert settings.backend == "bigquery" and settings.monitoring_enabled
-    assert settings.selection.run_ids == ("hero-a", "hero-b")
-    assert settings.thresholds == Thresholds()
+    # Each setting against the variable given, never against another rendering of the same map.
+    assert settings.project == EXAMPLE_VARS["project_id"]
+    assert settings.location == EXAMPLE_VARS["bigquery_location"]
+    assert settings.telemetry_table == EXAMPLE_VARS["telemetry_table"]
+    assert settings.alerts_table == f"{PROJECT}.lossspike.loss_spike_alerts"
+    assert settings.metric_prefix == EXAMPLE_VARS["metric_prefix"]
+    assert settings.max_bytes_billed == EXAMPLE_VARS["max_bytes_billed"]
+    assert settings.selection.run_ids == tuple(EXAMPLE_VARS["run_ids"])
+    assert settings.selection.run_pattern == EXAMPLE_VARS["run_pattern"]
+    assert (settings.selection.metric, settings.selection.service) == ("loss", "levanter2")
+    assert settings.thresholds == Thresholds(**THRESHOLD_VARS)
+    names = plan["planned_values"]["outputs"]["function_environment_variable_names"]["value"]
+    assert names == sorted(env)
+
+
+def test_empty_run_ids_leave_the_variable_unset(workdir: Path) -> None:
+    console = subprocess.run(
+        [str(TERRAFORM), "console", "-var-file=example.tfvars.json", "-var", "run_ids=[]"],
+        cwd=workdir,
+        env=_env(),
+        input="jsonencode(local.function_env)\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert console.returncode == 0, console.stderr
+    env = json.loads(json.loads(console.stdout.strip()))
+    assert "LOSSSPIKE_RUN_IDS" not in env
+    assert load_settings(env).selection.run_ids == ()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"recent_minutes": 90}, "recent_minutes must be less than baseline_minutes"),
+        ({"recent_minutes": 120}, "recent_minutes must be less than baseline_minutes"),
+        ({"project_id": "example.com:proj"}, "domain-scoped"),
+        ({"telemetry_table": "example.com:proj.d.t"}, "domain-scoped"),
+        ({"region": "europe-west123"}, "must be a Google Cloud region"),
+        ({"min_baseline_samples": 0}, "at least 1"),
+    ],
+)
+def test_plan_refuses_bad_variables(workdir: Path, extra: dict, message: str) -> None:
+    args = [str(TERRAFORM), "plan", "-refresh=false", "-input=false", "-no-color", "-lock=false"]
+    args.append("-var-file=example.tfvars.json")
+    for key, value in extra.items():
+        args += ["-var", f"{key}={value}"]
+    proc = subprocess.run(args, cwd=workdir, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert message in " ".join((proc.stdout + proc.stderr).split()), proc.stderr
 
 
 def test_iam_is_least_privilege(plan: dict) -> None:
@@ -324,37 +390,93 @@ def test_optional_telemetry_table(plan: dict) -> None:
     }
 
 
-def test_monitoring(plan: dict) -> None:
+PREFIX = EXAMPLE_VARS["metric_prefix"]
+POLICIES = ("loss_spike", "heartbeat", "failed_ticks")
+
+
+def test_alert_metric_has_one_series_per_cluster_run_and_reason(plan: dict) -> None:
     alert = _after(plan, "google_monitoring_metric_descriptor.alert")
-    assert alert["type"] == "custom.googleapis.com/lossspike/alert"
+    assert alert["type"] == f"{PREFIX}/alert"
     assert (alert["metric_kind"], alert["value_type"]) == ("GAUGE", "INT64")
-    assert {label["key"] for label in alert["labels"]} == {"cluster", "job", "run", "reason"}
+    # job is not a label: a new job ID would otherwise resolve the incident and open another.
+    assert {label["key"] for label in alert["labels"]} == {"cluster", "run", "reason"}
+    assert all(reason in alert["description"] for reason in ("spiking", "not_finite", "stalled"))
     beat = _after(plan, "google_monitoring_metric_descriptor.runs_watched")
-    assert beat["type"] == "custom.googleapis.com/lossspike/runs_watched"
+    assert beat["type"] == f"{PREFIX}/runs_watched"
     assert (beat["metric_kind"], beat["value_type"]) == ("GAUGE", "INT64")
 
+
+def test_gcp_belief_policy_filters_name_metric_and_resource_type(plan: dict) -> None:
+    # Belief (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies):
+    # a condition's filter must name the metric type and the monitored resource type.
+    # The function writes to the `global` resource; log-based metrics keep the log's resource.
+    spike = _after(plan, "google_monitoring_alert_policy.loss_spike")["conditions"][0]["condition_threshold"][0]
+    assert spike["filter"] == f'metric.type = "{PREFIX}/alert" AND resource.type = "global"'
+    absent = _after(plan, "google_monitoring_alert_policy.heartbeat")["conditions"][0]["condition_absent"][0]
+    assert absent["filter"] == f'metric.type = "{PREFIX}/runs_watched" AND resource.type = "global"'
+    failed = _after(plan, "google_monitoring_alert_policy.failed_ticks")["conditions"][0]["condition_threshold"][0]
+    assert failed["filter"] == (
+        'metric.type = "logging.googleapis.com/user/lossspike_failed_ticks" AND resource.type = "cloud_run_revision"'
+    )
+
+
+def test_gcp_belief_spike_policy_pages_per_run_and_closes_when_points_stop(plan: dict) -> None:
+    # Belief: only paging runs get points, so missing data must evaluate as false
+    # (EVALUATION_MISSING_DATA_INACTIVE: "If there is no data to evaluate the condition, then
+    # evaluate the condition as false", https://cloud.google.com/python/docs/reference/monitoring/
+    # latest/google.cloud.monitoring_v3.types.AlertPolicy.Condition.EvaluationMissingData).
     spike = _after(plan, "google_monitoring_alert_policy.loss_spike")
     assert spike["notification_channels"] == [CHANNEL]
     cond = spike["conditions"][0]["condition_threshold"][0]
-    assert alert["type"] in cond["filter"]
     assert (cond["comparison"], cond["threshold_value"]) == ("COMPARISON_GT", 0.5)
-    assert {"metric.label.run", "metric.label.reason"} <= set(cond["aggregations"][0]["group_by_fields"])
+    assert cond["evaluation_missing_data"] == "EVALUATION_MISSING_DATA_INACTIVE"
+    group = cond["aggregations"][0]["group_by_fields"]
+    assert sorted(group) == ["metric.label.cluster", "metric.label.reason", "metric.label.run"]
     assert spike["alert_strategy"][0]["auto_close"]
 
-    heartbeat = _after(plan, "google_monitoring_alert_policy.heartbeat")
-    assert heartbeat["notification_channels"] == [CHANNEL]
-    absent = heartbeat["conditions"][0]["condition_absent"][0]
-    assert beat["type"] in absent["filter"]
-    assert absent["duration"] == "300s"
 
-    assert (
-        "google_monitoring_metric_descriptor.alert"
-        in _config(plan, "google_monitoring_alert_policy.loss_spike")["depends_on"]
-    )
-    assert (
-        "google_monitoring_metric_descriptor.runs_watched"
-        in _config(plan, "google_monitoring_alert_policy.heartbeat")["depends_on"]
-    )
+def test_every_page_links_the_runbook_and_names_the_run(plan: dict) -> None:
+    docs = {p: _after(plan, f"google_monitoring_alert_policy.{p}")["documentation"][0]["content"] for p in POLICIES}
+    assert all(EXAMPLE_VARS["runbook_url"] in text for text in docs.values())
+    spike = docs["loss_spike"]
+    # Policy documentation substitutes ${metric.label.KEY} (a label, never a value or a time).
+    for label in ("run", "cluster", "reason"):
+        assert "${metric.label." + label + "}" in spike
+    assert "${metric.label.job}" not in spike
+    assert "no loss for at least stall_minutes" in spike
+    assert all(f"`{reason}`" in spike for reason in ("spiking", "not_finite", "stalled"))
+
+
+def test_a_deployment_that_never_succeeds_pages(plan: dict) -> None:
+    # The heartbeat's absence needs one point after install; failures page on their own.
+    metric = _after(plan, "google_logging_metric.failed_ticks")
+    assert metric["name"] == "lossspike_failed_ticks"
+    assert 'resource.type="cloud_run_revision"' in metric["filter"]
+    assert 'resource.labels.service_name="lossspike"' in metric["filter"]
+    assert "severity>=ERROR" in metric["filter"]
+    policy = _after(plan, "google_monitoring_alert_policy.failed_ticks")
+    assert policy["notification_channels"] == [CHANNEL]
+    cond = policy["conditions"][0]["condition_threshold"][0]
+    assert cond["aggregations"][0]["per_series_aligner"] == "ALIGN_SUM"
+    assert cond["threshold_value"] == 2.5  # three failed ticks page
+    heartbeat = _after(plan, "google_monitoring_alert_policy.heartbeat")
+    assert heartbeat["conditions"][0]["condition_absent"][0]["duration"] == "300s"
+    assert "gcloud scheduler jobs run" in plan["planned_values"]["outputs"]["smoke_test_command"]["value"]
+
+
+def test_gcp_belief_policies_wait_for_new_metrics(plan: dict) -> None:
+    # Belief (hashicorp/terraform-provider-google#11102): a policy naming a metric created
+    # moments ago fails with "Cannot find metric(s)...; it could take up to 10 minutes".
+    for policy in POLICIES:
+        assert _config(plan, f"google_monitoring_alert_policy.{policy}")["depends_on"] == ["time_sleep.metrics_visible"]
+    sleep = _config(plan, "time_sleep.metrics_visible")["expressions"]["triggers"]
+    refs = set(_refs(sleep))
+    assert {
+        "google_monitoring_metric_descriptor.alert.id",
+        "google_monitoring_metric_descriptor.runs_watched.id",
+        "google_logging_metric.failed_ticks.id",
+    } <= refs
+    assert _after(plan, "time_sleep.metrics_visible")["create_duration"] == "300s"
 
 
 def test_checkov_passes_and_skips_are_documented() -> None:

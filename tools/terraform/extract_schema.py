@@ -1,8 +1,8 @@
-"""Turn the jsii assembly of the CDKTF google provider bindings into a Terraform provider schema.
+"""Turn the jsii assembly of a CDKTF provider binding (google, time) into a Terraform provider schema.
 
-The CDKTF bindings (PyPI ``cdktf-cdktf-provider-google``) are generated from the real provider's
-``terraform providers schema -json`` output, and their jsii assembly keeps enough of it to rebuild
-a schema that Terraform core can validate and plan against:
+The CDKTF bindings (PyPI ``cdktf-cdktf-provider-google``, ``cdktf-cdktf-provider-time``) are
+generated from the real provider's ``terraform providers schema -json`` output, and their jsii
+assembly keeps enough of it to rebuild a schema that Terraform core can validate and plan against:
 
 * ``XxxConfig`` interfaces list every configurable argument (required unless ``optional``);
 * resource classes and ``...OutputReference`` classes expose read-only getters for computed-only
@@ -34,7 +34,8 @@ import tarfile
 import zipfile
 
 _LINK_NAME = re.compile(r"#([a-z0-9_]+)\s+\w+#\1\}")
-_TYPE_LINK = re.compile(r"/docs/(resources|data-sources)/([a-z0-9_]+)\s+(google[a-z0-9_]*)\}")
+# "{@link https://registry.terraform.io/providers/hashicorp/P/V/docs/resources/x P_x}": any provider.
+_TYPE_LINK = re.compile(r"/docs/(resources|data-sources)/([a-z0-9_]+)\s+([a-z][a-z0-9_]*)\}")
 _LIST_CTOR = re.compile(r"new (\w+List)\(this, \"([a-z0-9_]+)\", (true|false)\)")
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
 

@@ -6,7 +6,8 @@
 #   TARGET/bin/checkov        checkov, in its own venv (TARGET/checkov)
 #   TARGET/mirror/            a provider filesystem mirror with plan-only stand-ins for
 #                             registry.terraform.io/hashicorp/google 6.50.0 (schema rebuilt from the
-#                             cdktf-cdktf-provider-google jsii assembly) and hashicorp/archive 2.7.1
+#                             cdktf-cdktf-provider-google jsii assembly), hashicorp/time 0.13.1
+#                             (likewise, from cdktf-cdktf-provider-time) and hashicorp/archive 2.7.1
 #   TARGET/terraformrc        CLI config pointing Terraform at that mirror (TF_CLI_CONFIG_FILE)
 #   TARGET/env.sh             `source` it to get PATH and TF_CLI_CONFIG_FILE
 #
@@ -26,6 +27,9 @@ TF_PY_VERSION="1.2.0"
 CHECKOV_VERSION="3.3.30"
 CDKTF_GOOGLE_VERSION="16.12.1"
 GOOGLE_PROVIDER_VERSION="6.50.0"
+# cdktf-cdktf-provider-time 11.0.1 is generated from hashicorp/time 0.13.1 (its docs link that version).
+CDKTF_TIME_VERSION="11.0.1"
+TIME_PROVIDER_VERSION="0.13.1"
 ARCHIVE_PROVIDER_VERSION="2.7.1"
 
 log() { printf 'setup.sh: %s\n' "$*" >&2; }
@@ -98,6 +102,20 @@ if ! stamp_ok google-schema "$key" || [[ ! -s "$TARGET/schema/google.json" ]]; t
   stamp_set google-schema "$key"
 fi
 
+# 4b. time provider schema, the same way ----------------------------------------------------
+key="$CDKTF_TIME_VERSION-$(file_key "$HERE/extract_schema.py")"
+if ! stamp_ok time-schema "$key" || [[ ! -s "$TARGET/schema/time.json" ]]; then
+  log "downloading cdktf-cdktf-provider-time==$CDKTF_TIME_VERSION for the time provider schema"
+  "$PYTHON" -m pip download --quiet --no-deps \
+    "cdktf-cdktf-provider-time==$CDKTF_TIME_VERSION" -d "$TARGET/downloads"
+  mkdir -p "$TARGET/schema"
+  "$PYTHON" "$HERE/extract_schema.py" \
+    "$TARGET/downloads/cdktf_cdktf_provider_time-$CDKTF_TIME_VERSION-py3-none-any.whl" \
+    "$TARGET/schema/time.json"
+  rm -f "$TARGET/downloads/cdktf_cdktf_provider_time-"*.whl
+  stamp_set time-schema "$key"
+fi
+
 # 5. filesystem mirror with the stand-in providers --------------------------------------------
 install_standin() {  # name version schema-file
   local name="$1" version="$2" schema="$3"
@@ -113,10 +131,11 @@ exec "$TARGET/provider-venv/bin/python" "$dir/standin_provider.py" --kind $name 
 SH
   chmod 755 "$dir/terraform-provider-${name}_v${version}"
 }
-key="$GOOGLE_PROVIDER_VERSION-$ARCHIVE_PROVIDER_VERSION-$(file_key "$HERE/standin_provider.py" "$HERE/archive_schema.json" "$TARGET/schema/google.json")-$TARGET"
+key="$GOOGLE_PROVIDER_VERSION-$TIME_PROVIDER_VERSION-$ARCHIVE_PROVIDER_VERSION-$(file_key "$HERE/standin_provider.py" "$HERE/archive_schema.json" "$TARGET/schema/google.json" "$TARGET/schema/time.json")-$TARGET"
 if ! stamp_ok mirror "$key"; then
   log "building the provider mirror"
   install_standin google "$GOOGLE_PROVIDER_VERSION" "$TARGET/schema/google.json"
+  install_standin time "$TIME_PROVIDER_VERSION" "$TARGET/schema/time.json"
   install_standin archive "$ARCHIVE_PROVIDER_VERSION" "$HERE/archive_schema.json"
   stamp_set mirror "$key"
 fi

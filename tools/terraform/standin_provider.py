@@ -1,6 +1,6 @@
 """A plan-only stand-in for a Terraform provider, serving a schema read from a JSON file.
 
-Terraform needs a provider binary to ``init``, ``validate`` and ``plan``. The real google and
+Terraform needs a provider binary to ``init``, ``validate`` and ``plan``. The real google, time and
 archive providers cannot be downloaded here, but their schemas can be rebuilt (see
 ``extract_schema.py``), and that is all Terraform core needs for validation and planning. This
 program speaks the provider plugin protocol (v6, through the ``tf`` package's gRPC server) and:
@@ -14,7 +14,7 @@ program speaks the provider plugin protocol (v6, through the ``tf`` package's gR
 * refuses to apply anything.
 
 Usage (as the executable a filesystem mirror points at):
-    python standin_provider.py --schema SCHEMA.json [--kind google|archive]
+    python standin_provider.py --schema SCHEMA.json [--kind google|time|archive]
 """
 
 from __future__ import annotations
