@@ -85,3 +85,55 @@ resource "google_bigquery_table" "telemetry" {
   # The dataset may be the one this module creates.
   depends_on = [google_bigquery_dataset.alerts]
 }
+
+# The per-minute rollup the tick reads (lossspike/sql.py, minute_buckets): an incremental
+# materialized view over telemetry, so a tick bills the rows that arrived since the last tick
+# once, plus the watched runs' minute rows of the hour, never the day so far. BigQuery requires
+# a partitioned view to use the base table's partition granularity (DAY or HOUR):
+# https://cloud.google.com/bigquery/docs/materialized-views-create#partitioned_materialized_views
+# Changing the service, metric, run pattern or run list changes the query, which replaces the
+# view: the new view reads the telemetry since `local.rollup_since` once (about the last
+# baseline + 1 hour; `lossspike cost` prices a rebuild), and the first ticks are not blind.
+resource "google_bigquery_table" "rollup" {
+  #checkov:skip=CKV_GCP_80:Per-minute loss aggregates; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
+  #checkov:skip=CKV_GCP_121:A view derived from telemetry: changing the run pattern must replace it, and replacing rebuilds it from telemetry.
+  project             = var.project_id
+  dataset_id          = google_bigquery_dataset.alerts.dataset_id
+  table_id            = local.rollup_table_name
+  description         = "lossspike per-minute loss buckets since ${local.rollup_since} UTC; rebuilt when service_name, metric_name, run_pattern or run_ids change."
+  deletion_protection = false
+  labels              = local.labels
+  clustering          = ["run_id", "minute"]
+
+  time_partitioning {
+    type          = var.telemetry_partition_type
+    field         = "minute"
+    expiration_ms = var.rollup_retention_days * 86400000
+  }
+
+  materialized_view {
+    # The tick refreshes the view before every read; automatic refresh is the backstop that
+    # absorbs a backlog after an outage outside the tick's byte cap.
+    enable_refresh      = true
+    refresh_interval_ms = var.rollup_refresh_interval_minutes * 60000
+    query = templatefile("${path.module}/sql/loss_spike_minutes.sql", {
+      telemetry_table = var.telemetry_table
+      service         = var.service_name
+      metric          = var.metric_name
+      run_pattern     = local.rollup_run_pattern
+      since           = local.rollup_since
+    })
+  }
+
+  depends_on = [google_bigquery_table.telemetry, google_bigquery_table_iam_member.telemetry_viewer]
+}
+
+# When the view was (re)built: it holds telemetry from an hour before the baseline on.
+resource "time_static" "rollup_built" {
+  triggers = {
+    telemetry_table = var.telemetry_table
+    service         = var.service_name
+    metric          = var.metric_name
+    run_pattern     = local.rollup_run_pattern
+  }
+}

@@ -53,6 +53,16 @@ resource "google_bigquery_table_iam_member" "alerts_editor" {
   member     = "serviceAccount:${google_service_account.function.email}"
 }
 
+# Refresh the rollup view before each read: a manual refresh needs bigquery.tables.updateData
+# on the view (https://cloud.google.com/bigquery/docs/materialized-views-manage#refresh).
+resource "google_bigquery_table_iam_member" "rollup_editor" {
+  project    = var.project_id
+  dataset_id = google_bigquery_dataset.alerts.dataset_id
+  table_id   = google_bigquery_table.rollup.table_id
+  role       = "roles/bigquery.dataEditor"
+  member     = "serviceAccount:${google_service_account.function.email}"
+}
+
 # Run query jobs (a job is a project-level resource; there is no narrower scope).
 resource "google_project_iam_member" "function_job_user" {
   project = var.project_id

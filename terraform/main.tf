@@ -9,6 +9,15 @@ locals {
 
   alerts_table_name = "loss_spike_alerts"
   alerts_table_id   = "${var.project_id}.${var.dataset_id}.${local.alerts_table_name}"
+  rollup_table_name = "loss_spike_minutes"
+  rollup_table_id   = "${var.project_id}.${var.dataset_id}.${local.rollup_table_name}"
+  # A view cannot take a list of runs as a parameter: with run_ids it holds every run of the
+  # service, and each tick reads the listed ones.
+  rollup_run_pattern = length(var.run_ids) > 0 ? "%" : var.run_pattern
+  # The view's lower bound, fixed when it is (re)built: an hour before the first tick's baseline.
+  rollup_since = var.rollup_since != "" ? var.rollup_since : formatdate(
+    "YYYY-MM-DD hh:mm:ss", timeadd(time_static.rollup_built.rfc3339, "-${var.baseline_minutes + 60}m")
+  )
 
   # Scheduler must wait longer than the function may run, or every slow tick is retried.
   attempt_deadline_seconds = max(var.scheduler_attempt_deadline_seconds, var.function_timeout_seconds + 10)
@@ -36,6 +45,7 @@ locals {
     LOSSSPIKE_LOCATION             = var.bigquery_location
     LOSSSPIKE_TELEMETRY_TABLE      = var.telemetry_table
     LOSSSPIKE_ALERTS_TABLE         = local.alerts_table_id
+    LOSSSPIKE_ROLLUP_TABLE         = local.rollup_table_id
     LOSSSPIKE_RUN_PATTERN          = var.run_pattern
     LOSSSPIKE_METRIC               = var.metric_name
     LOSSSPIKE_SERVICE              = var.service_name

@@ -74,7 +74,7 @@ variable "create_telemetry_table" {
 }
 
 variable "telemetry_partition_type" {
-  description = "Partitioning of the created telemetry table: \"DAY\" or \"HOUR\" (HOUR scans far less per tick; see README costs)."
+  description = "Partitioning of the telemetry table, created or existing: \"DAY\" or \"HOUR\". The rollup view must use the same (BigQuery's rule); HOUR keeps a tick's rollup read flat through the day (see README costs)."
   type        = string
   default     = "DAY"
 
@@ -138,7 +138,7 @@ variable "deletion_protection" {
 variable "max_bytes_billed" {
   description = "Per-query cap on bytes billed (LOSSSPIKE_MAX_BYTES_BILLED); a query above it fails instead of costing more."
   type        = number
-  default     = 10737418240
+  default     = 2147483648
 
   validation {
     condition     = var.max_bytes_billed >= 10485760 && floor(var.max_bytes_billed) == tonumber(var.max_bytes_billed)
@@ -156,8 +156,10 @@ variable "run_pattern" {
   default     = "hero-%"
 
   validation {
-    condition     = length(var.run_pattern) > 0
-    error_message = "The run_pattern must not be empty (use \"%\" to watch every run)."
+    # Written into the rollup view's SQL as a literal (a view takes no parameters): these
+    # characters need no escaping. Same rule as lossspike.sql.literal.
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.run_pattern))
+    error_message = "The run_pattern must be non-empty and use only letters, digits and _ . % / : @ + - (use \"%\" to watch every run)."
   }
 }
 
@@ -176,12 +178,22 @@ variable "metric_name" {
   description = "Telemetry metric name that is the training loss."
   type        = string
   default     = "train_loss"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.metric_name))
+    error_message = "The metric_name must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
 }
 
 variable "service_name" {
   description = "Telemetry service whose samples are read."
   type        = string
   default     = "levanter"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.service_name))
+    error_message = "The service_name must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
 }
 
 variable "baseline_minutes" {
@@ -434,5 +446,42 @@ variable "heartbeat_absent_seconds" {
   validation {
     condition     = var.heartbeat_absent_seconds >= 120 && floor(var.heartbeat_absent_seconds / 60) * 60 == tonumber(var.heartbeat_absent_seconds)
     error_message = "The heartbeat_absent_seconds must be a whole number of minutes, at least 120."
+  }
+}
+
+# ---------------------------------------------------------------------------------------------
+# The per-minute rollup view (loss_spike_minutes)
+# ---------------------------------------------------------------------------------------------
+
+variable "rollup_retention_days" {
+  description = "Days of per-minute rollup partitions kept (the tick reads the last hour; Grafana's loss panel reads further back)."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.rollup_retention_days >= 1
+    error_message = "The rollup_retention_days must be at least 1."
+  }
+}
+
+variable "rollup_refresh_interval_minutes" {
+  description = "Automatic refresh interval of the rollup view: the backstop that catches up after an outage (the tick refreshes it every minute)."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.rollup_refresh_interval_minutes >= 1 && var.rollup_refresh_interval_minutes <= 10080
+    error_message = "The rollup_refresh_interval_minutes must be between 1 and 10080 (BigQuery's bounds)."
+  }
+}
+
+variable "rollup_since" {
+  description = "Fixed lower bound of the rollup view, \"YYYY-MM-DD hh:mm:ss\" UTC; empty means an hour before the baseline of the apply that (re)builds it."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.rollup_since == "" || can(regex("^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}$", var.rollup_since))
+    error_message = "The rollup_since must be empty or \"YYYY-MM-DD hh:mm:ss\"."
   }
 }

@@ -12,12 +12,14 @@ import os
 import re
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from lossspike.rule import Thresholds
 from lossspike.settings import load_settings
+from lossspike.sql import Selection, rollup_view_query, rollup_view_template
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
@@ -54,6 +56,8 @@ EXAMPLE_VARS = {
     "alerts_retention_days": 30,
     "metric_propagation_seconds": 300,
     "runbook_url": "https://runbooks.example.com/lossspike",
+    "telemetry_partition_type": "HOUR",
+    "rollup_since": "2026-11-30 10:00:00",
     **THRESHOLD_VARS,
 }
 
@@ -61,6 +65,7 @@ EXAMPLE_VARS = {
 EXPECTED_BINDINGS = {
     "google_bigquery_table_iam_member.telemetry_viewer[0]": ("roles/bigquery.dataViewer", "function"),
     "google_bigquery_table_iam_member.alerts_editor": ("roles/bigquery.dataEditor", "function"),
+    "google_bigquery_table_iam_member.rollup_editor": ("roles/bigquery.dataEditor", "function"),
     "google_project_iam_member.function_job_user": ("roles/bigquery.jobUser", "function"),
     "google_project_iam_member.function_metric_writer": ("roles/monitoring.metricWriter", "function"),
     "google_cloud_run_service_iam_member.invoker": ("roles/run.invoker", "invoker"),
@@ -249,6 +254,7 @@ def test_function_environment_is_what_the_variables_say_and_python_accepts(plan:
     assert settings.location == EXAMPLE_VARS["bigquery_location"]
     assert settings.telemetry_table == EXAMPLE_VARS["telemetry_table"]
     assert settings.alerts_table == f"{PROJECT}.lossspike.loss_spike_alerts"
+    assert settings.rollup_table == f"{PROJECT}.lossspike.loss_spike_minutes"
     assert settings.metric_prefix == EXAMPLE_VARS["metric_prefix"]
     assert settings.max_bytes_billed == EXAMPLE_VARS["max_bytes_billed"]
     assert settings.selection.run_ids == tuple(EXAMPLE_VARS["run_ids"])
@@ -375,7 +381,7 @@ def test_alert_table_layout(plan: dict) -> None:
 def test_optional_telemetry_table(plan: dict) -> None:
     table = _after(plan, "google_bigquery_table.telemetry[0]")
     part = table["time_partitioning"][0]
-    assert (part["type"], part["field"]) == ("DAY", "timestamp")
+    assert (part["type"], part["field"]) == (EXAMPLE_VARS["telemetry_partition_type"], "timestamp")
     assert table["clustering"] == ["name", "run_id"]
     columns = {c["name"]: (c["type"], c["mode"]) for c in json.loads(table["schema"])}
     assert columns == {
@@ -495,3 +501,48 @@ def test_checkov_passes_and_skips_are_documented() -> None:
         skips.update(re.findall(r"#checkov:skip=(CKV\w*_\d+):", tf.read_text()))
     undocumented = sorted(s for s in skips if s not in readme)
     assert not undocumented, f"checkov skips missing from terraform/README.md: {undocumented}"
+
+
+def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: dict) -> None:
+    view = _after(plan, "google_bigquery_table.rollup")
+    # Terraform renders terraform/sql/loss_spike_minutes.sql; it must be the query the Python
+    # side defines, for the run list's covering pattern ('%' with run_ids) and the fixed start.
+    want = rollup_view_query(
+        EXAMPLE_VARS["telemetry_table"],
+        Selection(service="levanter2", metric="loss", run_pattern="%"),
+        datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
+    )
+    mv = view["materialized_view"][0]
+    assert mv["query"].strip() == want.strip()
+    assert mv["enable_refresh"] is True and mv["refresh_interval_ms"] == 30 * 60000
+    # A partitioned view must use its base table's granularity (BigQuery's rule, cited in bigquery.tf).
+    assert view["time_partitioning"][0]["type"] == EXAMPLE_VARS["telemetry_partition_type"]
+    assert view["time_partitioning"][0]["field"] == "minute"
+    assert view["clustering"] == ["run_id", "minute"]
+    assert view["table_id"] == "loss_spike_minutes"
+
+
+def test_rollup_template_is_generated_from_the_python_definition() -> None:
+    assert (MODULE / "sql" / "loss_spike_minutes.sql").read_text() == rollup_view_template()
+
+
+def test_a_pattern_the_view_cannot_hold_fails_the_plan(workdir: Path) -> None:
+    result = subprocess.run(
+        [
+            str(TERRAFORM),
+            "plan",
+            "-refresh=false",
+            "-input=false",
+            "-no-color",
+            "-lock=false",
+            "-var-file=example.tfvars.json",
+            "-var",
+            "run_pattern=hero-'x",
+        ],
+        cwd=workdir,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0 and "run_pattern" in result.stderr
