@@ -135,8 +135,11 @@ class BigQueryStore:
         )
         return job, job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS)
 
-    def fetch(self, query: Query) -> pa.Table:
+    def fetch(self, query: Query, deadline: Any = None) -> pa.Table:
         """Run the window query; the result as an Arrow table, read without the Storage API."""
+        # The tick's Deadline (lossspike.deadline); for now only checked before the job.
+        if deadline is not None:
+            deadline.check("the BigQuery query")
         started = time.perf_counter()
         try:
             job, rows = self._run(query.sql, query_parameters(query.params), "evaluate")
@@ -151,12 +154,14 @@ class BigQueryStore:
         }
         return table
 
-    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
+    def write_alerts(self, rows: list[dict[str, Any]], deadline: Any = None) -> int:
         """Upsert the alert rows of one evaluation; return rows in the tick.
 
         Each MERGE is idempotent on its own, so a tick that fails between two
         of them is simply retried whole.
         """
+        if deadline is not None:
+            deadline.check(f"writing {self.settings.alerts_table}")
         now = rows[0]["evaluated_at"]
         sql = merge_sql(self.settings.alerts_table)
         for start in range(0, len(rows), MAX_ROWS_PER_MERGE):

@@ -29,7 +29,11 @@ def window_query(source: Source, settings: Settings, now: datetime) -> Query:
     return loss_window_query(source.dialect, settings.telemetry_table, now, settings.thresholds, settings.selection)
 
 
-def evaluate(source: Source, settings: Settings, now: datetime) -> list[dict[str, Any]]:
-    """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row."""
-    result = source.fetch(window_query(source, settings, now))
+def evaluate(source: Source, settings: Settings, now: datetime, deadline: Any = None) -> list[dict[str, Any]]:
+    """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row.
+
+    A tick passes its `deadline` (lossspike.deadline.Deadline) to the source's fetch.
+    """
+    query = window_query(source, settings, now)
+    result = source.fetch(query) if deadline is None else source.fetch(query, deadline=deadline)
     return alert_rows(enrolled_runs(result), now, settings.thresholds)
