@@ -173,10 +173,9 @@ class DuckDBStore:
             connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM lossspike_staged")
             connection.execute("COMMIT")
         except duckdb.Error:
-            try:
+            # An invalidated database rolls back by itself; the next call reopens it.
+            with contextlib.suppress(duckdb.Error):
                 connection.execute("ROLLBACK")
-            except duckdb.Error:
-                pass  # an invalidated database rolls back by itself; the next call reopens it
             raise
         finally:
             with contextlib.suppress(duckdb.Error):

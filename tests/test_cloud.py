@@ -166,7 +166,8 @@ def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
     assert body["evaluated_at"] == "2026-11-30T12:00:00Z"
     assert body["counts"]["spiking"] == sum(r["reason"] == "spiking" for r in want)
     assert body["sinks"]["alerts_table"] == {"ok": True, "rows": len(want)}
-    assert body["sinks"]["monitoring"]["ok"] and body["sinks"]["monitoring"]["written"] == 2 * len(want) + 1
+    paging = [r for r in want if r["reason"] in ("spiking", "not_finite")]
+    assert body["sinks"]["monitoring"]["ok"] and body["sinks"]["monitoring"]["written"] == len(paging) + 1
 
     stored = deployment.alert_rows()
     assert [(r["cluster"], r["run"], r["reason"], r["value"]) for r in stored] == [
@@ -174,18 +175,16 @@ def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
     ]
     assert all(r["evaluated_at"] == NOW for r in stored)
 
+    # One point per paging run, labelled {cluster, run, reason}; none for healthy or warming-up runs.
     latest = {
-        (k.labels["run"], k.labels["cluster"], k.labels["reason"]): p
-        for k, p in _series(monitoring).items()
-        if k.labels
+        (k.labels["cluster"], k.labels["run"], k.labels["reason"]): p for k, p in _series(monitoring).items() if k.labels
     }
-    for row in want:
-        for reason in ("spiking", "not_finite"):
-            point = latest[(row["run"], row["cluster"], reason)]
-            assert point.value == int(row["reason"] == reason)
-            assert point.end_time_ns == int(NOW.timestamp()) * 1_000_000_000
+    assert set(latest) == {(r["cluster"], r["run"], r["reason"]) for r in paging}
+    assert all(set(k.labels) == {"cluster", "run", "reason"} for k in _series(monitoring) if k.labels)
+    assert all(p.value == 1 and p.end_time_ns == int(NOW.timestamp()) * 1_000_000_000 for p in latest.values())
     heartbeat = [p for k, p in _series(monitoring).items() if k.type.endswith("/runs_watched")]
     assert [p.value for p in heartbeat] == [len(want)]
+    assert monitoring.points[0].series.metric.type.endswith("/runs_watched"), "the heartbeat is written first"
     assert all(len(r.time_series) <= 200 for r in monitoring.requests)
 
     log = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
@@ -282,13 +281,16 @@ def test_monitoring_unavailable_still_writes_alert_rows(emulator, monitoring, mo
 def test_ten_thousand_runs(emulator, monitoring, monkeypatch):
     deployment = Deployment(emulator, monitoring, monkeypatch)
     runs = 10_000
-    deployment.load([Sample(NOW - timedelta(minutes=1), 2.0, f"hero-{i:05d}", cluster="c1") for i in range(runs)])
+    # A NaN loss pages at once, so every run gets a point.
+    deployment.load(
+        [Sample(NOW - timedelta(minutes=1), float("nan"), f"hero-{i:05d}", cluster="c1") for i in range(runs)]
+    )
     response = deployment.tick()
     assert response.status_code == 200, response.json.get("error") or response.json["sinks"]
     assert response.json["runs_watched"] == runs
-    assert response.json["sinks"]["monitoring"]["written"] == 2 * runs + 1
+    assert response.json["sinks"]["monitoring"]["written"] == runs + 1
     assert all(len(r.time_series) <= 200 for r in monitoring.requests)
-    assert len(monitoring.points) == 2 * runs + 1
+    assert len(monitoring.points) == runs + 1
     [(count,)] = deployment.admin.query(f"SELECT COUNT(*) FROM `{deployment.alerts}`").result()
     assert count == runs
 
