@@ -177,7 +177,9 @@ def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
 
     # One point per paging run, labelled {cluster, run, reason}; none for healthy or warming-up runs.
     latest = {
-        (k.labels["cluster"], k.labels["run"], k.labels["reason"]): p for k, p in _series(monitoring).items() if k.labels
+        (k.labels["cluster"], k.labels["run"], k.labels["reason"]): p
+        for k, p in _series(monitoring).items()
+        if k.labels
     }
     assert set(latest) == {(r["cluster"], r["run"], r["reason"]) for r in paging}
     assert all(set(k.labels) == {"cluster", "run", "reason"} for k in _series(monitoring) if k.labels)
@@ -394,3 +396,150 @@ def test_cold_start_imports_only_what_a_tick_needs():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "google.cloud.bigquery,google.cloud.monitoring_v3"
     assert Path(REPO / "requirements.txt").read_text().count("duckdb") == 0
+
+
+# --- The Monitoring sink against the fake's refusals (real client, real gRPC) -------------
+
+
+def _paging_rows(runs: int, reason: str = "not_finite", cluster: str = "c1", prefix: str = "hero-") -> list[dict]:
+    return [
+        {"evaluated_at": NOW, "cluster": cluster, "run": f"{prefix}{i:05d}", "job": "", "reason": reason, "value": 1}
+        for i in range(runs)
+    ]
+
+
+def _sink(monitoring):
+    from lossspike.monitoring import MonitoringSink
+    from lossspike.settings import Settings
+
+    return MonitoringSink(Settings(project=PROJECT), monserver.make_client(monitoring.address))
+
+
+def test_retried_tick_of_1200_runs_counts_every_series_as_already_written(monitoring):
+    sink = _sink(monitoring)
+    rows = _paging_rows(1200)
+    first = sink.write(rows, NOW)
+    assert first["ok"] and first["written"] == 1201 and len(monitoring.requests) == 7
+    retry = sink.write(rows, NOW)
+    assert retry == {
+        "ok": True,
+        "series": 1201,
+        "written": 0,
+        "already_written": 1201,
+        "kept_different": 0,
+        "failed": 0,
+    }
+    assert len(monitoring.points) == 1201
+
+
+def test_every_chunk_is_written_after_one_fails(monitoring):
+    import grpc
+
+    sink = _sink(monitoring)
+    rows = _paging_rows(450)
+    # A refusal that is not about ordering: nothing of that chunk is at NOW afterwards.
+    monitoring.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT, "Field timeSeries[3].metric had an invalid value")
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] is False and outcome["failed"] == 200 and outcome["written"] == 251
+    assert outcome["already_written"] == 0, "a non-ordering INVALID_ARGUMENT is not 'already written'"
+    assert outcome["failed_series"][0] == "runs_watched" and len(outcome["failed_series"]) == 20
+    assert "200 of 451 series not written" in outcome["error"]
+    assert len(monitoring.requests) == 3 and len(monitoring.points) == 251
+
+
+def test_points_ahead_of_the_tick_are_a_failure_not_already_written(monitoring):
+    sink = _sink(monitoring)
+    rows = _paging_rows(3)
+    ahead = [{**r, "evaluated_at": NOW + timedelta(minutes=5)} for r in rows]
+    assert sink.write(ahead, NOW + timedelta(minutes=5))["ok"]
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] is False and outcome["failed"] == 4 and outcome["already_written"] == 0
+
+
+def test_rerun_names_the_series_that_kept_a_different_value(monitoring):
+    sink = _sink(monitoring)
+    first = _paging_rows(2)
+    assert sink.write(first, NOW)["ok"]
+    # Late telemetry: the re-run of the minute sees a third run, and the first one silenced.
+    again = [{**first[0], "silenced": True}, first[1], *_paging_rows(1, prefix="hero-late-")]
+    outcome = sink.write(again, NOW)
+    assert outcome["ok"] is True and outcome["written"] == 0
+    assert outcome["already_written"] == 2 and outcome["kept_different"] == 2
+    assert outcome["kept_different_series"] == [
+        "runs_watched kept 2, not 3",
+        "alert{cluster=c1,run=hero-00000,reason=not_finite} kept 1, not 0",
+    ]
+    assert outcome.get("failed") == 0  # the new run's series was written by the partial request
+
+
+def test_long_run_ids_fit_the_label_limit_and_stay_distinct(monitoring):
+    sink = _sink(monitoring)
+    long_id = "hero-" + "ü" * 3000
+    rows = _paging_rows(1, prefix=long_id + "-a") + _paging_rows(1, prefix=long_id + "-b")
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] and outcome["written"] == 3
+    runs = [p.series.metric.labels["run"] for p in monitoring.points if p.series.metric.labels]
+    assert len(set(runs)) == 2
+    assert all(len(r.encode()) <= 1024 and r.startswith("hero-üü") for r in runs)
+
+
+def test_only_paging_reasons_get_a_point_and_silenced_runs_get_0(monitoring):
+    sink = _sink(monitoring)
+    rows = [
+        *_paging_rows(1, "spiking", prefix="hero-s"),
+        {**_paging_rows(1, "not_finite", prefix="hero-q")[0], "silenced": True, "value": 0},
+        *_paging_rows(1, "healthy", prefix="hero-h"),
+        *_paging_rows(1, "warming_up", prefix="hero-w"),
+    ]
+    assert sink.write(rows, NOW)["ok"]
+    got = {
+        (p.series.metric.labels.get("run"), p.series.metric.labels.get("reason")): p.value for p in monitoring.points
+    }
+    assert got == {(None, None): 4, ("hero-s00000", "spiking"): 1, ("hero-q00000", "not_finite"): 0}
+
+
+def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
+    from lossspike.function import Backend, handle
+    from lossspike.settings import Settings
+
+    calls = []
+    backend = Backend(source=None, sinks={"x": lambda rows, deadline: calls.append(rows) or {}})
+
+    def clock():
+        return NOW
+
+    for ahead, status in ((timedelta(minutes=5, seconds=1), 400), (timedelta(hours=3), 400)):
+        header = {"X-CloudScheduler-ScheduleTime": (NOW + ahead).isoformat()}
+        got, result, reason = handle("POST", header, Settings(), backend, clock=clock)
+        assert (got, result) == (status, None) and "ahead of the clock" in reason
+    assert calls == []
+
+
+def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
+    from lossspike.deadline import Deadline
+    from lossspike.demo import write_demo_database
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.settings import Settings
+    from lossspike.tick import run_tick
+
+    database = tmp_path / "d.duckdb"
+    write_demo_database(database, NOW)
+    moments = iter([0.0, 1.0, 39.8, 39.9])  # created, query starts, the write starts late
+    deadline = Deadline(40.0, clock=lambda: next(moments))
+    import io
+
+    log = io.StringIO()
+    with DuckDBStore(database) as store:
+        sinks = {"alerts_table": lambda rows, d: {"rows": store.write_alerts(rows, deadline=d)}}
+        result = run_tick(store, sinks, Settings(), NOW, log=log, deadline=deadline)
+        written = store.connection.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'loss_spike_alerts'"
+        ).fetchone()
+    assert result.ok is False and len(result.rows) == 5
+    assert result.sinks["alerts_table"] == {
+        "ok": False,
+        "error": "DeadlineExceeded: tick deadline of 40 s exhausted before writing 'loss_spike_alerts'",
+    }
+    entry = json.loads(log.getvalue())
+    assert entry["severity"] == "ERROR" and "evaluation incomplete" in entry["message"]
+    assert written == (0,)
