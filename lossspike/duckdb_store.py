@@ -74,6 +74,10 @@ class DuckDBStore:
             return
         identity = _file_identity(self.path)
         if identity is None:
+            # Let go of the deleted file, so that a new one at the path is opened afresh.
+            with contextlib.suppress(duckdb.Error):
+                self.connection.close()
+            self._identity = None
             raise StoreError(f"database file was deleted or moved: {self.path}")
         healthy = identity == self._identity
         if healthy:
