@@ -91,8 +91,12 @@ class DuckDBStore:
             self.connection = self._connect()
 
     def close(self) -> None:
+        """Close the file; closing checkpoints it, which can fail on a full disk."""
         with self._lock:
-            self.connection.close()
+            try:
+                self.connection.close()
+            except duckdb.Error as error:
+                raise StoreError(f"closing {self.path} failed: {_first_line(error)}") from None
 
     def __enter__(self) -> DuckDBStore:
         return self
