@@ -543,3 +543,23 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
     entry = json.loads(log.getvalue())
     assert entry["severity"] == "ERROR" and "evaluation incomplete" in entry["message"]
     assert written == (0,)
+
+
+def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
+    import io
+
+    from lossspike.demo import write_demo_database
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.settings import Settings
+    from lossspike.tick import run_tick
+
+    database = tmp_path / "d.duckdb"
+    write_demo_database(database, NOW)
+    kept = {"kept_different": 1, "kept_different_series": ["runs_watched kept 4, not 5"]}
+    log = io.StringIO()
+    with DuckDBStore(database) as store:
+        result = run_tick(store, {"monitoring": lambda rows, deadline: kept}, Settings(), NOW, log=log)
+    entry = json.loads(log.getvalue())
+    assert result.ok and entry["severity"] == "INFO"
+    assert entry["message"].endswith("series that kept an earlier value for this minute: runs_watched kept 4, not 5")
+    assert result.body()["sinks"]["monitoring"]["kept_different_series"] == ["runs_watched kept 4, not 5"]

@@ -624,3 +624,12 @@ def test_lowercase_rfc3339_is_accepted_by_now(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert verdicts(result.stdout) == WANT
+
+
+def test_the_function_server_answers_bad_requests_with_json(function_server):
+    server, _ = function_server
+    for header, needle in (("9999-12-31T23:59:59Z", "out of range"), ("2999-01-01T00:00:00Z", "ahead of the clock")):
+        status, body = server.tick(header)
+        assert status == 400 and body["ok"] is False and needle in body["error"]
+    status, body = server.tick()
+    assert status == 200 and {r["run"]: r["reason"] for r in body["rows"]} == WANT
