@@ -515,6 +515,14 @@ def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
     assert calls == []
 
 
+def test_a_tick_without_a_schedule_time_takes_the_current_whole_minute():
+    from lossspike.function import tick_time
+
+    assert tick_time("POST", {}, clock=lambda: NOW + timedelta(seconds=59, microseconds=7)) == NOW
+    exactly_five_ahead = {"X-CloudScheduler-ScheduleTime": "2026-11-30T12:05:00Z"}
+    assert tick_time("POST", exactly_five_ahead, clock=lambda: NOW) == NOW + timedelta(minutes=5)
+
+
 def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
     from lossspike.deadline import Deadline
     from lossspike.demo import write_demo_database
