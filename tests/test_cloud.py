@@ -571,3 +571,24 @@ def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
     assert result.ok and entry["severity"] == "INFO"
     assert entry["message"].endswith("series that kept an earlier value for this minute: runs_watched kept 4, not 5")
     assert result.body()["sinks"]["monitoring"]["kept_different_series"] == ["runs_watched kept 4, not 5"]
+
+
+def test_a_retried_tick_of_1200_paging_runs_answers_ok_through_the_function(emulator, monitoring, monkeypatch):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    runs = 1200
+    deployment.load([Sample(NOW - timedelta(minutes=1), float("nan"), f"hero-{i:05d}") for i in range(runs)])
+    first = deployment.tick()
+    assert first.status_code == 200 and first.json["sinks"]["monitoring"]["written"] == runs + 1
+    retry = deployment.tick()
+    assert retry.status_code == 200, retry.json["sinks"]
+    assert retry.json["sinks"]["monitoring"] == {
+        "ok": True,
+        "series": runs + 1,
+        "written": 0,
+        "already_written": runs + 1,
+        "kept_different": 0,
+        "failed": 0,
+    }
+    assert len(monitoring.points) == runs + 1
+    [(count,)] = deployment.admin.query(f"SELECT COUNT(*) FROM `{deployment.alerts}`").result()
+    assert count == runs
