@@ -49,8 +49,9 @@ class DuckDBStore:
         # ":memory:" is for tests and benchmarks that load telemetry through `connection`.
         self._in_memory = str(path) == ":memory:"
         if not self._in_memory and not self.path.is_file():
-            what = "is a directory, not a database file" if self.path.is_dir() else "not found"
-            raise StoreError(f"database file {what}: {self.path}")
+            if self.path.is_dir():
+                raise StoreError(f"{self.path} is a directory; give the DuckDB database file")
+            raise StoreError(f"database file not found: {self.path}")
         self.telemetry_table = telemetry_table
         self.alerts_table = alerts_table
         self.read_only = read_only

@@ -44,9 +44,10 @@ def _pyplot() -> Any:
 
 def output_format(output: Path) -> str:
     """The image format `output`'s suffix names; BacktestError when matplotlib cannot write it."""
-    pyplot = _pyplot()
-    supported = pyplot.figure().canvas.get_supported_filetypes()
-    pyplot.close("all")
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    supported = FigureCanvasBase.get_supported_filetypes()
     suffix = output.suffix.lower().lstrip(".")
     if suffix not in supported:
         names = ", ".join(f".{k}" for k in sorted(supported))
