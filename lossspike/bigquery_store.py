@@ -21,8 +21,9 @@ import pyarrow as pa
 from google.api_core.exceptions import GoogleAPIError, RetryError
 from google.cloud import bigquery
 
+from lossspike.deadline import Deadline
 from lossspike.rule import EnrolledRun
-from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA
+from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA, TELEMETRY_COLUMNS, telemetry_type_problem
 from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
@@ -102,6 +103,7 @@ class BigQueryStore:
         # bounded by our deadline instead of its ten minutes.
         self.retry = bigquery.DEFAULT_RETRY.with_deadline(RETRY_DEADLINE_SECONDS)
         self._cost: dict[str, Any] = {}
+        self._checked = False
 
     def close(self) -> None:
         self.client.close()
@@ -109,8 +111,16 @@ class BigQueryStore:
     def last_cost(self) -> dict[str, Any]:
         return dict(self._cost)
 
-    def _run(self, sql: str, parameters: list, component: str) -> tuple[bigquery.QueryJob, Any]:
-        """Run one query job (a statement or a script) to completion; (job, its result rows)."""
+    def _run(
+        self, sql: str, parameters: list, component: str, deadline: Deadline | None
+    ) -> tuple[bigquery.QueryJob, Any]:
+        """Run one query job (a statement or a script) to completion; (job, its result rows).
+
+        Its retries and waits draw from the tick's deadline when there is one.
+        """
+        budget = RETRY_DEADLINE_SECONDS if deadline is None else deadline.timeout(RETRY_DEADLINE_SECONDS, component)
+        retry = self.retry.with_deadline(budget)
+        request = min(REQUEST_TIMEOUT_SECONDS, budget)
         cap = self.settings.max_bytes_billed
         config = bigquery.QueryJobConfig(
             query_parameters=parameters,
@@ -123,22 +133,42 @@ class BigQueryStore:
             sql,
             job_config=config,
             location=self.settings.location,
-            retry=self.retry,
+            retry=retry,
             # Any job_retry wraps the insert in the client's own 600 s retry, whatever its
             # deadline; API calls are retried by `retry` above, and a failed tick by Scheduler.
             job_retry=None,
-            timeout=REQUEST_TIMEOUT_SECONDS,
+            timeout=request,
         )
-        return job, job.result(retry=self.retry, timeout=RETRY_DEADLINE_SECONDS)
+        wait = RETRY_DEADLINE_SECONDS if deadline is None else deadline.timeout(RETRY_DEADLINE_SECONDS, component)
+        return job, job.result(retry=retry, timeout=wait)
 
-    def fetch(self, query: Query) -> pa.Table:
+    def fetch(self, query: Query, deadline: Deadline | None = None) -> pa.Table:
         """Run one read-only query; the result as an Arrow table, read without the Storage API."""
-        return self._read(query.sql, query.params, "evaluate")
+        return self._read(query.sql, query.params, "evaluate", deadline)
 
-    def _read(self, sql: str, params: dict[str, Any], component: str) -> pa.Table:
+    def check_telemetry(self) -> None:
+        """Refuse a telemetry table whose column types break the contract, once per store (metadata, free)."""
+        if self._checked:
+            return
+        table = self.settings.telemetry_table
+        try:
+            schema = self.client.get_table(table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS).schema
+        except _FAILURES as error:
+            raise StoreError(f"cannot read the schema of {table}: {_one_line(error)}") from error
+        columns = {field.name: field.field_type for field in schema}
+        missing = [c for c in TELEMETRY_COLUMNS if c not in columns]
+        if missing:
+            raise StoreError(f"table {table} lacks column(s): {', '.join(missing)}")
+        problem = telemetry_type_problem(columns, "bigquery", table)
+        if problem:
+            raise StoreError(problem)
+        self._checked = True
+
+    def _read(self, sql: str, params: dict[str, Any], component: str, deadline: Deadline | None) -> pa.Table:
+        self.check_telemetry()
         started = time.perf_counter()
         try:
-            job, rows = self._run(sql, query_parameters(params), component)
+            job, rows = self._run(sql, query_parameters(params), component, deadline)
             table = rows.to_arrow(create_bqstorage_client=False)
         except _FAILURES as error:
             if _reason(error) == _BYTES_LIMIT and component == "rollup":
@@ -157,20 +187,20 @@ class BigQueryStore:
         }
         return table
 
-    def enrolled(self, settings: Settings, now: datetime) -> list[EnrolledRun]:
+    def enrolled(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[EnrolledRun]:
         """The watched runs at `now`: through the rollup view at whole minutes, else the raw query."""
         rollup = settings.rollup_table
         if not rollup or now.second or now.microsecond:
             from lossspike.evaluate import raw_enrolled
 
-            return raw_enrolled(self, settings, now)
+            return raw_enrolled(self, settings, now, deadline)
         from lossspike.evaluate import enrolled_from_groups, rollup_query
 
         query = rollup_query(BIGQUERY, settings, now)
-        groups = self._read(f"{refresh_statement(rollup)}\n{query.sql}", query.params, "rollup")
+        groups = self._read(f"{refresh_statement(rollup)}\n{query.sql}", query.params, "rollup", deadline)
         return enrolled_from_groups(groups)
 
-    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
+    def write_alerts(self, rows: list[dict[str, Any]], deadline: Deadline | None = None) -> int:
         """Write one evaluation's rows: an insert, or a replacement of an earlier write of that time.
 
         A fleet larger than one request continues with plain inserts; a tick that fails
@@ -184,7 +214,7 @@ class BigQueryStore:
             sql = write_script(table, ALERT_COLUMNS) if start == 0 else append_sql(table, ALERT_COLUMNS)
             parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk)]
             try:
-                self._run(sql, parameters, "write")
+                self._run(sql, parameters, "write", deadline)
             except _FAILURES as error:
                 written = (
                     f" after {start} of {len(rows)} rows (the next tick of this time replaces them)" if start else ""

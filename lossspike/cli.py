@@ -16,6 +16,10 @@ from lossspike.times import format_rfc3339, parse_rfc3339, wall_clock
 
 # The demo keeps its synthetic fleet out of the user's own database.
 DEMO_DATABASE = "lossspike-demo.duckdb"
+# A backtest holds a grid of every run's minute buckets over its range plus the
+# longest baseline before it; 45 days of minutes (a month's range and two weeks of
+# lookback) keeps that grid to tens of MB per run and bounds a typo's cost.
+MAX_BACKTEST_MINUTES = 45 * 24 * 60
 # Settings a command line can override; backend and cloud settings come from the environment.
 _RULE_FLAGS = (
     "service",
@@ -137,8 +141,20 @@ def _ticks(args: argparse.Namespace, default_span: timedelta) -> list[datetime]:
             raise ConfigError(f"--{flag}: {error}") from None
     try:
         return tick_times(times["start"], times["end"], args.every)
-    except ValueError as error:
+    except (ValueError, OverflowError) as error:
         raise ConfigError(f"--start/--end/--every: {error}") from None
+
+
+def _check_backtest_size(ticks: list[datetime], variants: list[Any]) -> None:
+    """Refuse a range plus lookback whose minute buckets would not fit in memory."""
+    lookback = max(t.baseline_minutes for t in variants)
+    span = int((ticks[-1] - ticks[0]).total_seconds() // 60) + 1
+    if span + lookback > MAX_BACKTEST_MINUTES:
+        raise ConfigError(
+            f"--start/--end with --baseline-minutes: {span} minutes of ticks plus {lookback} of lookback"
+            f" is {span + lookback} minute buckets, more than the {MAX_BACKTEST_MINUTES} (45 days) a backtest"
+            " holds; shorten the range or the baseline"
+        )
 
 
 def _history_settings(args: argparse.Namespace, **extra: str | None) -> Settings:
@@ -263,6 +279,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=24))
     variants = _compare_thresholds(args, settings)
+    _check_backtest_size(ticks, variants)
     names = ["A", "B"] if len(variants) > 1 else ["rule"]
     store = open_store(settings, read_only=True)
     try:
@@ -282,6 +299,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=1))
+    _check_backtest_size(ticks, [settings.thresholds])
     store = open_store(settings, read_only=True)
     try:
         written = plot_run(store, settings, args.run, ticks, Path(args.output), cluster=args.cluster)
@@ -319,6 +337,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"lossspike: error: {error}\n")
         return 1
     except BrokenPipeError:
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except OSError as error:
+        # A full disk, a read-only file system, a missing directory: the OS said why.
+        where = f" ({error.filename})" if error.filename else ""
+        sys.stderr.write(f"lossspike: error: {error.strerror or error}{where}\n")
+        return 1
+    except Exception as error:  # noqa: BLE001 - never a traceback on a terminal; one line names it
+        text = " ".join(str(error).split())
+        sys.stderr.write(f"lossspike: unexpected error: {type(error).__name__}: {text} (please report it)\n")
         return 1
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from lossspike.evaluate import StoreError
 from lossspike.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl
 from lossspike.sql import DUCKDB, quote_table
 
@@ -67,12 +68,25 @@ def demo_telemetry(now: datetime) -> pa.Table:
 
 
 def write_demo_database(path: Path, now: datetime, table: str = "telemetry") -> int:
-    """Replace the telemetry table in `path` with the demo fleet; return rows written."""
+    """Replace the telemetry table in `path` with the demo fleet; return rows written.
+
+    Raise StoreError in one line when the file cannot be written: a missing
+    directory, a directory, a file locked by another process or not DuckDB's,
+    a read-only or full file system.
+    """
+    if path.is_dir():
+        raise StoreError(f"cannot write the demo database: {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise StoreError(f"cannot write the demo database: directory {path.parent} does not exist")
     data = demo_telemetry(now)
     quoted = quote_table(DUCKDB, table)
-    with duckdb.connect(str(path)) as connection:
-        connection.execute(f"DROP TABLE IF EXISTS {quoted}")
-        connection.execute(telemetry_table_ddl(quoted))
-        connection.register("demo_rows", data)
-        connection.execute(f"INSERT INTO {quoted} SELECT * FROM demo_rows")
+    try:
+        with duckdb.connect(str(path)) as connection:
+            connection.execute(f"DROP TABLE IF EXISTS {quoted}")
+            connection.execute(telemetry_table_ddl(quoted))
+            connection.register("demo_rows", data)
+            connection.execute(f"INSERT INTO {quoted} SELECT * FROM demo_rows")
+    except (duckdb.Error, OSError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise StoreError(f"cannot write the demo database {path}: {first}") from None
     return data.num_rows

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -9,15 +12,32 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from lossspike.deadline import Deadline
 from lossspike.rule import EnrolledRun
-from lossspike.schema import ALERT_COLUMNS, TELEMETRY_COLUMNS, alerts_table_ddl, alerts_to_arrow
+from lossspike.schema import (
+    ALERT_COLUMNS,
+    TELEMETRY_COLUMNS,
+    alerts_table_ddl,
+    alerts_to_arrow,
+    telemetry_type_problem,
+)
 from lossspike.settings import Settings
 from lossspike.sql import DUCKDB, Query, quote_table
 from lossspike.store import StoreError
 
+# Times are compared and truncated in UTC whatever the process time zone, which
+# DuckDB otherwise takes as its session time zone.
+SESSION_TIME_ZONE = "UTC"
+
 
 class DuckDBStore:
-    """Reads the telemetry table and writes alert rows in one DuckDB file."""
+    """Reads the telemetry table and writes alert rows in one DuckDB file.
+
+    One store may serve several threads (the local function): its calls take
+    turns on the one connection. After an error that leaves DuckDB unusable
+    ("database has been invalidated", e.g. a full disk), the next call opens
+    the file afresh, so a transient fault is not a permanent outage.
+    """
 
     dialect = DUCKDB
 
@@ -30,17 +50,57 @@ class DuckDBStore:
     ) -> None:
         self.path = Path(path)
         # ":memory:" is for tests and benchmarks that load telemetry through `connection`.
-        if str(path) != ":memory:" and not self.path.is_file():
+        self._in_memory = str(path) == ":memory:"
+        if not self._in_memory and not self.path.is_file():
+            if self.path.is_dir():
+                raise StoreError(f"{self.path} is a directory; give the DuckDB database file")
             raise StoreError(f"database file not found: {self.path}")
         self.telemetry_table = telemetry_table
         self.alerts_table = alerts_table
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._identity: tuple[int, int] | None = None
+        self.connection = self._connect()
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
         try:
-            self.connection = duckdb.connect(str(self.path), read_only=read_only)
+            connection = duckdb.connect(str(self.path), read_only=self.read_only)
+            connection.execute(f"SET TimeZone = '{SESSION_TIME_ZONE}'")
         except duckdb.Error as error:
             raise StoreError(f"cannot open {self.path}: {_first_line(error)}") from None
+        if not self._in_memory:
+            self._identity = _file_identity(self.path)
+        return connection
+
+    def _ensure_open(self) -> None:
+        """Reopen after an invalidating error or a replaced file; refuse a deleted one."""
+        if self._in_memory:
+            return
+        identity = _file_identity(self.path)
+        if identity is None:
+            # Let go of the deleted file, so that a new one at the path is opened afresh.
+            with contextlib.suppress(duckdb.Error):
+                self.connection.close()
+            self._identity = None
+            raise StoreError(f"database file was deleted or moved: {self.path}")
+        healthy = identity == self._identity
+        if healthy:
+            try:
+                self.connection.execute("SELECT 1").fetchall()
+            except duckdb.Error:
+                healthy = False
+        if not healthy:
+            with contextlib.suppress(duckdb.Error):
+                self.connection.close()
+            self.connection = self._connect()
 
     def close(self) -> None:
-        self.connection.close()
+        """Close the file; closing checkpoints it, which can fail on a full disk."""
+        with self._lock:
+            try:
+                self.connection.close()
+            except duckdb.Error as error:
+                raise StoreError(f"closing {self.path} failed: {_first_line(error)}") from None
 
     def __enter__(self) -> DuckDBStore:
         return self
@@ -58,47 +118,74 @@ class DuckDBStore:
         return dict(rows)
 
     def check_telemetry(self) -> None:
-        """Raise StoreError naming the table or the columns the query needs but cannot find."""
-        columns = self._columns(self.telemetry_table)
+        """Raise StoreError naming the table, or the column missing or of the wrong type."""
+        with self._lock:
+            self._ensure_open()
+            try:
+                columns = self._columns(self.telemetry_table)
+            except duckdb.Error as error:
+                raise StoreError(f"cannot read {self.path}: {_first_line(error)}") from None
         if not columns:
             raise StoreError(f"table {self.telemetry_table!r} not found in {self.path}")
         missing = [c for c in TELEMETRY_COLUMNS if c not in columns]
         if missing:
             raise StoreError(f"table {self.telemetry_table!r} in {self.path} lacks column(s): {', '.join(missing)}")
+        problem = telemetry_type_problem(columns, "duckdb", self.telemetry_table)
+        if problem:
+            raise StoreError(f"{problem} (in {self.path})")
 
-    def fetch(self, query: Query) -> pa.Table:
-        """Run the window query; the result as an Arrow table."""
-        self.check_telemetry()
-        try:
-            return self.connection.sql(query.sql, params=query.params).to_arrow_table()
-        except duckdb.Error as error:
-            raise StoreError(f"query on {self.telemetry_table!r} failed: {_first_line(error)}") from None
+    def fetch(self, query: Query, deadline: Deadline | None = None) -> pa.Table:
+        """Run the window query; the result as an Arrow table.
 
-    def enrolled(self, settings: Settings, now: datetime) -> list[EnrolledRun]:
+        DuckDB queries are local and cannot be cut short safely, so `deadline`
+        is only checked before the query starts.
+        """
+        with self._lock:
+            self.check_telemetry()
+            if deadline is not None:
+                deadline.check("the telemetry query")
+            try:
+                return self.connection.sql(query.sql, params=query.params).to_arrow_table()
+            except duckdb.Error as error:
+                raise StoreError(f"query on {self.telemetry_table!r} failed: {_first_line(error)}") from None
+
+    def enrolled(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[EnrolledRun]:
         """The watched runs and their windows: the raw query, exact and fast enough on DuckDB."""
         from lossspike.evaluate import raw_enrolled
 
-        return raw_enrolled(self, settings, now)
+        return raw_enrolled(self, settings, now, deadline)
 
     def last_cost(self) -> dict[str, Any]:
         """DuckDB bills nothing; the tick's log measures the time itself."""
         return {}
 
-    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
+    def write_alerts(self, rows: list[dict[str, Any]], deadline: Deadline | None = None) -> int:
         """Replace the rows of each evaluation time in `rows` with `rows`; return rows written.
 
         Delete-then-insert in one transaction: writing the same tick twice leaves
-        one copy, and a failure leaves the previous copy.
+        one copy, and a failure (a full disk included) leaves the previous copy.
         """
+        with self._lock:
+            self._ensure_open()
+            if deadline is not None:
+                deadline.check(f"writing {self.alerts_table!r}")
+            try:
+                return self._write(rows)
+            except duckdb.Error as error:
+                raise StoreError(
+                    f"writing {self.alerts_table!r} in {self.path} failed, nothing written: {_first_line(error)}"
+                ) from None
+
+    def _write(self, rows: list[dict[str, Any]]) -> int:
         table = quote_table(DUCKDB, self.alerts_table)
-        self.connection.execute(alerts_table_ddl(table))
+        connection = self.connection
+        connection.execute(alerts_table_ddl(table))
         present = self._columns(self.alerts_table)
         missing = [c for c in ALERT_COLUMNS if c not in present]
         if missing:
             raise StoreError(f"table {self.alerts_table!r} in {self.path} lacks column(s): {', '.join(missing)}")
         staged = alerts_to_arrow(rows)
         columns = ", ".join(f'"{c}"' for c in ALERT_COLUMNS)
-        connection = self.connection
         connection.register("lossspike_staged", staged)
         try:
             connection.execute("BEGIN TRANSACTION")
@@ -107,12 +194,23 @@ class DuckDBStore:
             )
             connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM lossspike_staged")
             connection.execute("COMMIT")
-        except duckdb.Error as error:
-            connection.execute("ROLLBACK")
-            raise StoreError(f"writing {self.alerts_table!r} failed: {_first_line(error)}") from None
+        except duckdb.Error:
+            # An invalidated database rolls back by itself; the next call reopens it.
+            with contextlib.suppress(duckdb.Error):
+                connection.execute("ROLLBACK")
+            raise
         finally:
-            connection.unregister("lossspike_staged")
+            with contextlib.suppress(duckdb.Error):
+                connection.unregister("lossspike_staged")
         return staged.num_rows
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _first_line(error: BaseException) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from lossspike import minutes
+from lossspike.deadline import Deadline
 from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows, alert_rows, enrolled_runs
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, bucket_groups_query, loss_window_query, window_bounds
@@ -28,14 +29,19 @@ def window_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
     return loss_window_query(dialect, settings.telemetry_table, now, settings.thresholds, settings.selection)
 
 
-def raw_enrolled(store: Store, settings: Settings, now: datetime) -> list[EnrolledRun]:
+def raw_enrolled(
+    store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None
+) -> list[EnrolledRun]:
     """The watched runs read with the raw query, in one job."""
-    return enrolled_runs(store.fetch(window_query(store.dialect, settings, now)))
+    return enrolled_runs(store.fetch(window_query(store.dialect, settings, now), deadline))
 
 
-def evaluate(store: Store, settings: Settings, now: datetime) -> list[dict[str, Any]]:
-    """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row."""
-    return alert_rows(store.enrolled(settings, now), now, settings.thresholds)
+def evaluate(store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+    """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row.
+
+    A tick passes its `deadline` on to the store's reads.
+    """
+    return alert_rows(store.enrolled(settings, now, deadline), now, settings.thresholds)
 
 
 def rollup_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
@@ -62,6 +68,8 @@ def enrolled_from_groups(groups: pa.Table) -> list[EnrolledRun]:
     return runs
 
 
-def rollup_enrolled(store: Store, settings: Settings, now: datetime) -> list[EnrolledRun]:
+def rollup_enrolled(
+    store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None
+) -> list[EnrolledRun]:
     """The watched runs read through minute buckets, in one job (tests compare it with the raw read)."""
-    return enrolled_from_groups(store.fetch(rollup_query(store.dialect, settings, now)))
+    return enrolled_from_groups(store.fetch(rollup_query(store.dialect, settings, now), deadline))

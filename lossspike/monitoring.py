@@ -1,15 +1,27 @@
-"""Cloud Monitoring sink: one gauge per run and paging reason, and a fleet heartbeat.
+"""Cloud Monitoring sink: a point per paging run, and a fleet heartbeat.
 
-Every enrolled run gets a point on `<prefix>/alert` for each paging reason
-every tick, 1 while that reason holds and 0 otherwise, so an incident opened on
-`spiking` resolves by itself when the run recovers or turns `not_finite`.
-`<prefix>/runs_watched` gets a point every tick whatever happens, so an alert
-on its absence catches a dead evaluator.
+Two metrics, both GAUGE INT64 on the `global` resource:
+
+* `<prefix>/runs_watched`, every tick and written first: an alert on its
+  absence catches a dead evaluator.
+* `<prefix>/alert` with labels {cluster, run, reason}: a point only for runs
+  whose reason pages (rule.PAGING_REASONS), 1, or 0 while the run is silenced.
+  Healthy and warming-up runs get no point, which keeps ingestion proportional
+  to the runs in trouble; the alert policy treats missing data as inactive, so
+  an incident closes when its points stop.
+
+Cloud Monitoring keeps one point per series and time. A re-run of a minute
+(a duplicated delivery, a manual tick) is refused for the series already
+written; the sink then reads the points at that time back and reports each
+refused series as already written (same value), kept with a different value
+(the verdict changed: named in the response), or failed (no point at that time).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,59 +30,96 @@ from google.api_core import exceptions
 from google.api_core.retry import Retry, if_exception_type
 from google.cloud import monitoring_v3
 
-from lossspike.rule import PAGING_REASONS, is_fleet_row
+from lossspike import rule
+from lossspike.deadline import Deadline
+from lossspike.rule import is_fleet_row
 from lossspike.settings import Settings
 
-# CreateTimeSeries accepts at most 200 series per request.
+# Limits from https://cloud.google.com/monitoring/quotas ("User-defined metrics"):
+# at most 200 time series per write request, and one point per series per request.
 MAX_SERIES_PER_REQUEST = 200
-# Transient unavailability is retried inside the tick; a longer outage fails the
-# tick so Scheduler retries it (and the retry's points are then accepted).
-RETRY = Retry(
-    predicate=if_exception_type(exceptions.ServiceUnavailable, exceptions.DeadlineExceeded),
-    initial=0.5,
-    maximum=4.0,
-    deadline=15.0,
-)
+# Same page: a label value is at most 1,024 long. Counted in UTF-8 bytes here, which
+# is never more characters than that.
+MAX_LABEL_VALUE_BYTES = 1024
+# Hex digits of SHA-256 appended to a shortened label value: 64 bits keep two long
+# run IDs with a shared prefix distinct.
+LABEL_HASH_CHARS = 16
+# One request's wait, so a hung connection is retried within the tick's budget.
 REQUEST_TIMEOUT_SECONDS = 10.0
-# Cloud Monitoring's answer to a point at or before the series' newest one: for a
-# retried tick whose points were already accepted, that means "already written".
-_ALREADY_WRITTEN = "must be written in order"
+# All retries of one request together; less when the tick's deadline is nearer.
+RETRY_SECONDS = 15.0
+# Transient refusals retried inside the tick: unavailability, a slow answer, and
+# quota (429 RESOURCE_EXHAUSTED), each with backoff under the deadline above.
+_RETRYABLE = (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded, exceptions.ResourceExhausted)
+# Names listed in a response, at most; the counts are always complete.
+MAX_NAMES_REPORTED = 20
 
 ALERT_METRIC = "alert"
 HEARTBEAT_METRIC = "runs_watched"
 
 
-def _series(metric_type: str, labels: dict[str, str], value: int, now: datetime, project: str) -> Any:
-    series = monitoring_v3.TimeSeries()
-    series.metric.type = metric_type
-    series.metric.labels.update(labels)
-    series.resource.type = "global"
-    series.resource.labels["project_id"] = project
-    series.metric_kind = metric_pb2.MetricDescriptor.MetricKind.GAUGE
-    series.value_type = metric_pb2.MetricDescriptor.ValueType.INT64
-    point = monitoring_v3.Point()
-    point.interval.end_time = now
-    point.value.int64_value = value
-    series.points = [point]
-    return series
+def label_value(text: str) -> str:
+    """`text` as a label value within Cloud Monitoring's limit.
+
+    A value that fits is kept as is; a longer one becomes a readable prefix, "~"
+    and a hash of the whole value, so two long IDs never share a series.
+    """
+    encoded = text.encode("utf-8")
+    if len(encoded) <= MAX_LABEL_VALUE_BYTES:
+        return text
+    digest = hashlib.sha256(encoded).hexdigest()[:LABEL_HASH_CHARS]
+    room = MAX_LABEL_VALUE_BYTES - 1 - LABEL_HASH_CHARS
+    prefix = encoded[:room].decode("utf-8", errors="ignore")  # never split a character
+    return f"{prefix}~{digest}"
 
 
-def time_series(rows: list[dict[str, Any]], now: datetime, prefix: str, project: str) -> list[Any]:
-    """The tick's series: per run and paging reason, then the heartbeat."""
+def paging_value(row: dict[str, Any]) -> int:
+    """1 while the row's reason pages, 0 while the run is silenced."""
+    return 0 if row.get("silenced") else 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point to write: its series (metric type and labels) and value."""
+
+    metric_type: str
+    labels: tuple[tuple[str, str], ...]
+    value: int
+
+    @property
+    def name(self) -> str:
+        """The series as a person reads it, e.g. alert{cluster=c1,run=hero-a,reason=spiking}."""
+        short = self.metric_type.rsplit("/", 1)[-1]
+        return short + ("{" + ",".join(f"{k}={v}" for k, v in self.labels) + "}" if self.labels else "")
+
+    def series(self, now: datetime, project: str) -> Any:
+        series = monitoring_v3.TimeSeries()
+        series.metric.type = self.metric_type
+        series.metric.labels.update(dict(self.labels))
+        series.resource.type = "global"
+        series.resource.labels["project_id"] = project
+        series.metric_kind = metric_pb2.MetricDescriptor.MetricKind.GAUGE
+        series.value_type = metric_pb2.MetricDescriptor.ValueType.INT64
+        point = monitoring_v3.Point()
+        point.interval.end_time = now
+        point.value.int64_value = self.value
+        series.points = [point]
+        return series
+
+
+def tick_points(rows: list[dict[str, Any]], prefix: str) -> list[Point]:
+    """The tick's points: the heartbeat first, then one per paging run."""
     runs = [r for r in rows if not is_fleet_row(r)]
-    out = [
-        _series(
-            f"{prefix}/{ALERT_METRIC}",
-            {"cluster": r["cluster"], "job": r["job"], "run": r["run"], "reason": reason},
-            int(r["reason"] == reason),
-            now,
-            project,
-        )
-        for r in runs
-        for reason in PAGING_REASONS
-    ]
-    out.append(_series(f"{prefix}/{HEARTBEAT_METRIC}", {}, len(runs), now, project))
-    return out
+    points = [Point(f"{prefix}/{HEARTBEAT_METRIC}", (), len(runs))]
+    for row in runs:
+        if row["reason"] in rule.PAGING_REASONS:
+            labels = (
+                ("cluster", label_value(row["cluster"])),
+                ("run", label_value(row["run"])),
+                ("reason", row["reason"]),
+            )
+            points.append(Point(f"{prefix}/{ALERT_METRIC}", labels, paging_value(row)))
+    return points
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -78,12 +127,31 @@ def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[start : start + size]
 
 
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _key(metric_type: str, labels: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return metric_type, tuple(sorted(dict(labels).items()))
+
+
 class MonitoringSink:
-    """Writes the tick's series with the real Cloud Monitoring client."""
+    """Writes the tick's points with the real Cloud Monitoring client.
+
+    The client and the project are resolved on first use, inside the tick, so
+    missing credentials fail this sink only, never the alerts table.
+    """
 
     def __init__(self, settings: Settings, client: monitoring_v3.MetricServiceClient | None = None) -> None:
         self.settings = settings
-        self.client = client or monitoring_v3.MetricServiceClient()
+        self._client = client
+
+    @property
+    def client(self) -> monitoring_v3.MetricServiceClient:
+        if self._client is None:
+            self._client = monitoring_v3.MetricServiceClient()
+        return self._client
 
     def project(self) -> str:
         if self.settings.project:
@@ -92,19 +160,90 @@ class MonitoringSink:
 
         return google.auth.default()[1]
 
-    def write(self, rows: list[dict[str, Any]], now: datetime) -> dict[str, int]:
-        """Send every series in requests of at most 200; return counts written and already present."""
+    def _call_options(self, deadline: Deadline, step: str) -> dict[str, Any]:
+        left = deadline.check(step)
+        retry = Retry(
+            predicate=if_exception_type(*_RETRYABLE), initial=0.5, maximum=4.0, timeout=min(RETRY_SECONDS, left)
+        )
+        return {"retry": retry, "timeout": min(REQUEST_TIMEOUT_SECONDS, left)}
+
+    def write(self, rows: list[dict[str, Any]], now: datetime, deadline: Deadline | None = None) -> dict[str, Any]:
+        """Write every chunk, even after one fails; account for each series; never raise for a refusal."""
+        deadline = deadline or Deadline()
         project = self.project()
-        series = time_series(rows, now, self.settings.metric_prefix, project)
-        written = already = 0
-        for chunk in _chunks(series, MAX_SERIES_PER_REQUEST):
+        points = tick_points(rows, self.settings.metric_prefix)
+        written = 0
+        refused: list[Point] = []
+        failed: list[Point] = []
+        errors: list[str] = []
+        for chunk in _chunks(points, MAX_SERIES_PER_REQUEST):
             try:
                 self.client.create_time_series(
-                    name=f"projects/{project}", time_series=chunk, retry=RETRY, timeout=REQUEST_TIMEOUT_SECONDS
+                    name=f"projects/{project}",
+                    time_series=[p.series(now, project) for p in chunk],
+                    **self._call_options(deadline, "writing Cloud Monitoring points"),
                 )
                 written += len(chunk)
             except exceptions.InvalidArgument as error:
-                if _ALREADY_WRITTEN not in str(error).lower():
-                    raise
-                already += len(chunk)
-        return {"series": len(series), "written": written, "already_written": already}
+                # Some series of the chunk may have been written (the service writes
+                # the valid ones); which is read back below, not guessed from the text.
+                refused.extend(chunk)
+                errors.append(_one_line(error))
+            except (exceptions.GoogleAPIError, TimeoutError) as error:
+                failed.extend(chunk)
+                errors.append(_one_line(error))
+        already, different = 0, []
+        if refused:
+            try:
+                found = self._points_at(now, project, {p.metric_type for p in refused}, deadline)
+            except (exceptions.GoogleAPIError, TimeoutError) as error:
+                errors.append(f"reading back refused series: {_one_line(error)}")
+                found = {}
+            for point in refused:
+                value = found.get(_key(point.metric_type, point.labels))
+                if value is None:
+                    failed.append(point)
+                elif value == point.value:
+                    already += 1
+                else:
+                    different.append(f"{point.name} kept {value}, not {point.value}")
+        outcome: dict[str, Any] = {
+            "ok": not failed,
+            "series": len(points),
+            "written": written,
+            "already_written": already,
+            "kept_different": len(different),
+            "failed": len(failed),
+        }
+        if different:
+            outcome["kept_different_series"] = different[:MAX_NAMES_REPORTED]
+        if failed:
+            outcome["failed_series"] = [p.name for p in failed[:MAX_NAMES_REPORTED]]
+            unique = list(dict.fromkeys(errors))
+            outcome["error"] = f"{len(failed)} of {len(points)} series not written: " + "; ".join(unique[:3])
+        return outcome
+
+    def _points_at(
+        self, now: datetime, project: str, metric_types: set[str], deadline: Deadline
+    ) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
+        """The value at exactly `now` of every series of `metric_types` that has a point there.
+
+        An interval whose start equals its end is that single instant
+        (https://cloud.google.com/python/docs/reference/monitoring/latest/google.cloud.monitoring_v3.types.TimeInterval).
+        """
+        interval = monitoring_v3.TimeInterval()
+        interval.end_time = now
+        interval.start_time = now
+        found = {}
+        for metric_type in sorted(metric_types):
+            pages = self.client.list_time_series(
+                name=f"projects/{project}",
+                filter=f'metric.type = "{metric_type}" AND resource.type = "global"',
+                interval=interval,
+                view=monitoring_v3.ListTimeSeriesRequest.TimeSeriesView.FULL,
+                **self._call_options(deadline, "reading back Cloud Monitoring points"),
+            )
+            for series in pages:
+                if series.points:
+                    found[_key(series.metric.type, series.metric.labels)] = series.points[0].value.int64_value
+        return found

@@ -18,7 +18,7 @@ import numpy as np
 
 from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest
 from lossspike.report import describe
-from lossspike.rule import NOT_FINITE, SPIKING, WARMING_UP, band, reference
+from lossspike.rule import NON_FINITE_MAGNITUDE, NOT_FINITE, SPIKING, WARMING_UP, band, is_finite, reference
 from lossspike.settings import Settings
 from lossspike.sql import run_samples_query
 from lossspike.store import Store
@@ -41,6 +41,19 @@ def _pyplot() -> Any:
     from matplotlib import pyplot
 
     return pyplot
+
+
+def output_format(output: Path) -> str:
+    """The image format `output`'s suffix names; BacktestError when matplotlib cannot write it."""
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    supported = FigureCanvasBase.get_supported_filetypes()
+    suffix = output.suffix.lower().lstrip(".")
+    if suffix not in supported:
+        names = ", ".join(f".{k}" for k in sorted(supported))
+        raise BacktestError(f"cannot write {output}: name the file with one of {names}")
+    return suffix
 
 
 def _pick(result: Backtest, run: str, cluster: str | None) -> RunHistory:
@@ -77,8 +90,9 @@ def plot_run(
     output: Path,
     cluster: str | None = None,
 ) -> Path:
-    """Backtest one run over `ticks` and draw it to `output` (PNG); return the path written."""
+    """Backtest one run over `ticks` and draw it to `output` (the format its suffix names); return the path."""
     pyplot = _pyplot()
+    image_format = output_format(output)
     from matplotlib import dates as mdates
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -107,7 +121,10 @@ def plot_run(
         floors.append(_value(None if windows is None else windows.recent_floor))
     levels_a, limits_a, floors_a = (np.array(x, dtype=float) for x in (levels, limits, floors))
 
-    finite = np.isfinite(values)
+    # The rule's non-finite (NaN, inf, |v| >= 1e150) is drawn as such: near 1e308 the
+    # axis span itself would overflow to an infinite limit.
+    with np.errstate(invalid="ignore"):
+        finite = np.abs(values) < NON_FINITE_MAGNITUDE
     lines = np.concatenate([levels_a, limits_a, floors_a])
     lines = lines[np.isfinite(lines)]
     basis = values[finite]
@@ -215,7 +232,7 @@ def plot_run(
         fontsize=10.5,
     )
     try:
-        figure.savefig(output, format="png")
+        figure.savefig(output, format=image_format)
     except OSError as error:
         raise BacktestError(f"cannot write {output}: {error.strerror or error}") from None
     finally:
@@ -224,4 +241,4 @@ def plot_run(
 
 
 def _value(number: float | None) -> float:
-    return math.nan if number is None or not math.isfinite(number) else number
+    return math.nan if number is None or not is_finite(number) else number

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from datetime import datetime
 from typing import Any
 
@@ -39,12 +40,32 @@ def jsonable(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Characters that move the cursor, recolour or reorder a terminal's text: control
+# codes (newline, ESC of ANSI sequences), format marks (right-to-left overrides,
+# zero-width characters) and line/paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every character that could break or restyle a terminal line escaped."""
+    if all(unicodedata.category(ch) not in _UNSAFE_CATEGORIES for ch in text):
+        return text
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return terminal_safe(str(value))
 
 
 def render(rows: list[dict[str, Any]], fmt: str) -> str:

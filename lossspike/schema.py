@@ -27,6 +27,64 @@ TELEMETRY_COLUMNS = {
     "execution_uid": "VARCHAR",
 }
 
+# The types each telemetry column may have, per backend: what the window query's
+# comparisons and aggregates are correct on. A timestamp without a time zone is
+# refused because its meaning would depend on the process time zone.
+# DuckDB names from information_schema.columns.data_type (FLOAT is its REAL).
+# BigQuery names from the table schema's field_type, legacy and standard SQL spellings
+# (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema.FIELDS.type).
+_ACCEPTED_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
+    "duckdb": {
+        "timestamp": ("TIMESTAMP WITH TIME ZONE",),
+        "value": ("DOUBLE", "FLOAT"),
+        "text": ("VARCHAR",),
+    },
+    "bigquery": {
+        "timestamp": ("TIMESTAMP",),
+        "value": ("FLOAT", "FLOAT64"),
+        "text": ("STRING",),
+    },
+}
+# How a user fixes a column of the wrong type: a view over the table that casts it.
+_FIXES = {
+    "duckdb": {
+        "timestamp": "store instants as TIMESTAMPTZ, e.g. a view with timestamp AT TIME ZONE 'UTC' if it holds UTC",
+        "value": "store the loss as DOUBLE, e.g. a view with CAST(value AS DOUBLE)",
+        "text": "store it as VARCHAR, e.g. a view with CAST({column} AS VARCHAR)",
+    },
+    "bigquery": {
+        "timestamp": "store instants as TIMESTAMP, e.g. a view with TIMESTAMP(timestamp, 'UTC') if it holds UTC",
+        "value": "store the loss as FLOAT64, e.g. a view with CAST(value AS FLOAT64)",
+        "text": "store it as STRING, e.g. a view with CAST({column} AS STRING)",
+    },
+}
+
+
+def _kind(column: str) -> str:
+    return column if column in ("timestamp", "value") else "text"
+
+
+def telemetry_type_problem(columns: dict[str, str], dialect: str, table: str = "telemetry") -> str | None:
+    """One line naming the first telemetry column whose type breaks the contract, or None.
+
+    `columns` maps column name to the backend's type name ('duckdb' or 'bigquery'
+    spellings, case-insensitive); columns the query does not read are ignored, and
+    missing columns are the caller's check.
+    """
+    accepted, fixes = _ACCEPTED_TYPES[dialect], _FIXES[dialect]
+    present = {name.lower(): kind for name, kind in columns.items()}
+    for column in TELEMETRY_COLUMNS:
+        found = present.get(column)
+        if found is None:
+            continue
+        kind = _kind(column)
+        if found.strip().upper() not in accepted[kind]:
+            want = " or ".join(accepted[kind])
+            fix = fixes[kind].format(column=column)
+            return f"table {table!r}: column {column!r} is {found}, not {want}; {fix}"
+    return None
+
+
 # The same columns as Arrow types, for loading telemetry into DuckDB.
 TELEMETRY_ARROW_SCHEMA = pa.schema(
     [pa.field("timestamp", pa.timestamp("us", tz="UTC"))]

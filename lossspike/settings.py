@@ -24,6 +24,10 @@ DEFAULT_DATABASE = "lossspike.duckdb"
 # About ten times what a rollup tick needs at 1,000 runs x 21 metrics x 1 Hz (~200 MB,
 # `lossspike cost`): a runaway scan fails instead of billing.
 DEFAULT_MAX_BYTES_BILLED = 2 * 1024**3
+# The longest window: a month of trailing loss is already far past any training-loss
+# baseline, and the bound keeps every window's dates inside the calendar and a
+# backtest's lookback small enough to hold in memory.
+MAX_WINDOW_MINUTES = 31 * 24 * 60
 
 
 class ConfigError(ValueError):
@@ -76,6 +80,13 @@ def _positive_int(value: str) -> int:
         raise ValueError("must be a positive integer") from None
     if number < 1:
         raise ValueError("must be a positive integer")
+    return number
+
+
+def _window_minutes(value: str) -> int:
+    number = _positive_int(value)
+    if number > MAX_WINDOW_MINUTES:
+        raise ValueError(f"must be at most {MAX_WINDOW_MINUTES} minutes (31 days)")
     return number
 
 
@@ -153,8 +164,8 @@ OPTIONS = (
     Option("run_pattern", _text, "SQL LIKE pattern of watched run IDs."),
     Option("run_ids", _list, "Comma-separated run IDs to watch instead of the pattern."),
     Option("execution_uids", _list, "Comma-separated attempts narrowing both windows."),
-    Option("baseline_minutes", _positive_int, "Baseline window length."),
-    Option("recent_minutes", _positive_int, "Recent window length."),
+    Option("baseline_minutes", _window_minutes, "Baseline window length."),
+    Option("recent_minutes", _window_minutes, "Recent window length."),
     Option("sigma", _non_negative_float, "Standard deviations above the reference."),
     Option("min_rise", _non_negative_float, "Smallest rise over the reference that counts."),
     Option("min_baseline_samples", _positive_int, "Finite baseline samples before judging."),
@@ -192,16 +203,19 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
     sources: dict[str, str] = {}
     problems: list[str] = []
     for option in OPTIONS:
-        raw, source = environ.get(option.env), option.env
+        candidates = [(environ.get(option.env), option.env)]
         if overrides and overrides.get(option.key) is not None:
-            raw, source = overrides[option.key], option.flag
-        if raw is None:
-            continue
-        try:
-            values[option.key] = option.parse(str(raw))
-            sources[option.key] = source
-        except ValueError as error:
-            problems.append(f"{source}={raw!r}: {error}")
+            candidates.append((overrides[option.key], option.flag))
+        # A bad variable is reported even when a flag overrides it: it is still wrong
+        # for every other command and for the function that reads the same environment.
+        for raw, source in candidates:
+            if raw is None:
+                continue
+            try:
+                values[option.key] = option.parse(str(raw))
+                sources[option.key] = source
+            except ValueError as error:
+                problems.append(f"{source}={raw!r}: {error}")
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in {o.env for o in OPTIONS})
     problems.extend(f"{k}: unknown setting (the README's Configuration table lists them all)" for k in unknown)
     if problems:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from lossspike.deadline import Deadline
 from lossspike.rule import EnrolledRun
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query
@@ -26,15 +27,15 @@ class Store(Protocol):
 
     dialect: Dialect
 
-    def fetch(self, query: Query) -> pa.Table:
+    def fetch(self, query: Query, deadline: Deadline | None = None) -> pa.Table:
         """Run one read-only query; its result as an Arrow table."""
         ...
 
-    def enrolled(self, settings: Settings, now: datetime) -> list[EnrolledRun]:
+    def enrolled(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[EnrolledRun]:
         """The watched runs at `now` with their windows, read in one job."""
         ...
 
-    def write_alerts(self, rows: list[dict[str, Any]]) -> int:
+    def write_alerts(self, rows: list[dict[str, Any]], deadline: Deadline | None = None) -> int:
         """Write one evaluation's rows, replacing any earlier write of that time; rows written."""
         ...
 

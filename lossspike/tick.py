@@ -2,8 +2,12 @@
 
 The sinks are independent: a failing alerts table does not keep the metrics
 from Cloud Monitoring, nor the other way round. Any failure makes the tick
-report failure so that Cloud Scheduler retries it; the retry reproduces the
-same verdict (same scheduled time) and writes nothing twice.
+report failure (5xx and one ERROR line); the next tick is the retry, and a
+re-run of the same minute reproduces the verdict and writes nothing twice.
+
+The whole tick runs under one Deadline (lossspike.deadline): the query, the
+alerts write and Monitoring all draw from it, and a sink that could not finish
+in time says so, so an evaluation is never left half written in silence.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
 
+from lossspike.deadline import Deadline
 from lossspike.evaluate import evaluate
 from lossspike.render import jsonable
 from lossspike.rule import REASONS, is_fleet_row
 from lossspike.settings import Settings
-from lossspike.store import Store as Source
+from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
-# A sink takes the tick's rows and returns what it did, for the response and the log.
-Sink = Callable[[list[dict[str, Any]]], dict[str, Any]]
+# A sink takes the tick's rows and its deadline and returns what it did, for the
+# response and the log; {"ok": False, "error": ...} in it reports a partial failure.
+Sink = Callable[[list[dict[str, Any]], Deadline], dict[str, Any]]
 
 
 @dataclass
@@ -70,11 +76,16 @@ class TickResult:
         if self.error:
             message = f"lossspike tick failed: {self.error}"
         elif failed:
-            message = "lossspike tick failed to write: " + "; ".join(f"{n}: {self.sinks[n]['error']}" for n in failed)
+            message = "lossspike tick failed to write (evaluation incomplete): " + "; ".join(
+                f"{n}: {self.sinks[n].get('error', 'failed')}" for n in failed
+            )
         else:
             message = f"lossspike tick: {self.runs_watched} runs watched, " + ", ".join(
                 f"{n} {reason}" for reason, n in self.counts().items() if n
             )
+        kept = [name for s in self.sinks.values() for name in s.get("kept_different_series", [])]
+        if kept:
+            message = message.rstrip(", ") + "; series that kept an earlier value for this minute: " + ", ".join(kept)
         return {
             "severity": "INFO" if self.ok else "ERROR",
             "message": message.rstrip(", "),
@@ -93,25 +104,30 @@ def _cause(error: BaseException) -> str:
 
 
 def run_tick(
-    source: Source,
+    store: Store,
     sinks: dict[str, Sink],
     settings: Settings,
     now: datetime,
     log: TextIO | None = None,
+    deadline: Deadline | None = None,
 ) -> TickResult:
-    """Evaluate at `now`, hand the rows to every sink, log one line, return the result."""
+    """Evaluate at `now`, hand the rows to every sink, log one line, return the result.
+
+    Every step draws from `deadline` (by default a fresh TICK_DEADLINE_SECONDS budget).
+    """
+    deadline = deadline or Deadline()
     result = TickResult(now)
     started = time.perf_counter()
     try:
-        result.rows = evaluate(source, settings, now)
+        result.rows = evaluate(store, settings, now, deadline=deadline)
     except Exception as error:  # noqa: BLE001 - any cause fails the tick, and the log names it
         result.error = _cause(error)
-    result.query = source.last_cost()
+    result.query = store.last_cost()
     result.query.setdefault("query_ms", round((time.perf_counter() - started) * 1000))
     if result.error is None:
         for name, sink in sinks.items():
             try:
-                result.sinks[name] = {"ok": True, **sink(result.rows)}
+                result.sinks[name] = {"ok": True, **sink(result.rows, deadline)}
             except Exception as error:  # noqa: BLE001 - one sink's failure must not stop the next
                 result.sinks[name] = {"ok": False, "error": _cause(error)}
     stream = log or sys.stdout

@@ -166,7 +166,8 @@ def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
     assert body["evaluated_at"] == "2026-11-30T12:00:00Z"
     assert body["counts"]["spiking"] == sum(r["reason"] == "spiking" for r in want)
     assert body["sinks"]["alerts_table"] == {"ok": True, "rows": len(want)}
-    assert body["sinks"]["monitoring"]["ok"] and body["sinks"]["monitoring"]["written"] == 2 * len(want) + 1
+    paging = [r for r in want if r["reason"] in ("spiking", "not_finite")]
+    assert body["sinks"]["monitoring"]["ok"] and body["sinks"]["monitoring"]["written"] == len(paging) + 1
 
     stored = deployment.alert_rows()
     assert [(r["cluster"], r["run"], r["reason"], r["value"]) for r in stored] == [
@@ -174,18 +175,18 @@ def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
     ]
     assert all(r["evaluated_at"] == NOW for r in stored)
 
+    # One point per paging run, labelled {cluster, run, reason}; none for healthy or warming-up runs.
     latest = {
-        (k.labels["run"], k.labels["cluster"], k.labels["reason"]): p
+        (k.labels["cluster"], k.labels["run"], k.labels["reason"]): p
         for k, p in _series(monitoring).items()
         if k.labels
     }
-    for row in want:
-        for reason in ("spiking", "not_finite"):
-            point = latest[(row["run"], row["cluster"], reason)]
-            assert point.value == int(row["reason"] == reason)
-            assert point.end_time_ns == int(NOW.timestamp()) * 1_000_000_000
+    assert set(latest) == {(r["cluster"], r["run"], r["reason"]) for r in paging}
+    assert all(set(k.labels) == {"cluster", "run", "reason"} for k in _series(monitoring) if k.labels)
+    assert all(p.value == 1 and p.end_time_ns == int(NOW.timestamp()) * 1_000_000_000 for p in latest.values())
     heartbeat = [p for k, p in _series(monitoring).items() if k.type.endswith("/runs_watched")]
     assert [p.value for p in heartbeat] == [len(want)]
+    assert monitoring.points[0].series.metric.type.endswith("/runs_watched"), "the heartbeat is written first"
     assert all(len(r.time_series) <= 200 for r in monitoring.requests)
 
     log = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
@@ -282,13 +283,16 @@ def test_monitoring_unavailable_still_writes_alert_rows(emulator, monitoring, mo
 def test_ten_thousand_runs(emulator, monitoring, monkeypatch):
     deployment = Deployment(emulator, monitoring, monkeypatch)
     runs = 10_000
-    deployment.load([Sample(NOW - timedelta(minutes=1), 2.0, f"hero-{i:05d}", cluster="c1") for i in range(runs)])
+    # A NaN loss pages at once, so every run gets a point.
+    deployment.load(
+        [Sample(NOW - timedelta(minutes=1), float("nan"), f"hero-{i:05d}", cluster="c1") for i in range(runs)]
+    )
     response = deployment.tick()
     assert response.status_code == 200, response.json.get("error") or response.json["sinks"]
     assert response.json["runs_watched"] == runs
-    assert response.json["sinks"]["monitoring"]["written"] == 2 * runs + 1
+    assert response.json["sinks"]["monitoring"]["written"] == runs + 1
     assert all(len(r.time_series) <= 200 for r in monitoring.requests)
-    assert len(monitoring.points) == 2 * runs + 1
+    assert len(monitoring.points) == runs + 1
     [(count,)] = deployment.admin.query(f"SELECT COUNT(*) FROM `{deployment.alerts}`").result()
     assert count == runs
 
@@ -392,3 +396,199 @@ def test_cold_start_imports_only_what_a_tick_needs():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "google.cloud.bigquery,google.cloud.monitoring_v3"
     assert Path(REPO / "requirements.txt").read_text().count("duckdb") == 0
+
+
+# --- The Monitoring sink against the fake's refusals (real client, real gRPC) -------------
+
+
+def _paging_rows(runs: int, reason: str = "not_finite", cluster: str = "c1", prefix: str = "hero-") -> list[dict]:
+    return [
+        {"evaluated_at": NOW, "cluster": cluster, "run": f"{prefix}{i:05d}", "job": "", "reason": reason, "value": 1}
+        for i in range(runs)
+    ]
+
+
+def _sink(monitoring):
+    from lossspike.monitoring import MonitoringSink
+    from lossspike.settings import Settings
+
+    return MonitoringSink(Settings(project=PROJECT), monserver.make_client(monitoring.address))
+
+
+def test_retried_tick_of_1200_runs_counts_every_series_as_already_written(monitoring):
+    sink = _sink(monitoring)
+    rows = _paging_rows(1200)
+    first = sink.write(rows, NOW)
+    assert first["ok"] and first["written"] == 1201 and len(monitoring.requests) == 7
+    retry = sink.write(rows, NOW)
+    assert retry == {
+        "ok": True,
+        "series": 1201,
+        "written": 0,
+        "already_written": 1201,
+        "kept_different": 0,
+        "failed": 0,
+    }
+    assert len(monitoring.points) == 1201
+
+
+def test_every_chunk_is_written_after_one_fails(monitoring):
+    import grpc
+
+    sink = _sink(monitoring)
+    rows = _paging_rows(450)
+    # A refusal that is not about ordering: nothing of that chunk is at NOW afterwards.
+    monitoring.fail_next(1, grpc.StatusCode.INVALID_ARGUMENT, "Field timeSeries[3].metric had an invalid value")
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] is False and outcome["failed"] == 200 and outcome["written"] == 251
+    assert outcome["already_written"] == 0, "a non-ordering INVALID_ARGUMENT is not 'already written'"
+    assert outcome["failed_series"][0] == "runs_watched" and len(outcome["failed_series"]) == 20
+    assert "200 of 451 series not written" in outcome["error"]
+    assert len(monitoring.requests) == 3 and len(monitoring.points) == 251
+
+
+def test_points_ahead_of_the_tick_are_a_failure_not_already_written(monitoring):
+    sink = _sink(monitoring)
+    rows = _paging_rows(3)
+    ahead = [{**r, "evaluated_at": NOW + timedelta(minutes=5)} for r in rows]
+    assert sink.write(ahead, NOW + timedelta(minutes=5))["ok"]
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] is False and outcome["failed"] == 4 and outcome["already_written"] == 0
+
+
+def test_rerun_names_the_series_that_kept_a_different_value(monitoring):
+    sink = _sink(monitoring)
+    first = _paging_rows(2)
+    assert sink.write(first, NOW)["ok"]
+    # Late telemetry: the re-run of the minute sees a third run, and the first one silenced.
+    again = [{**first[0], "silenced": True}, first[1], *_paging_rows(1, prefix="hero-late-")]
+    outcome = sink.write(again, NOW)
+    assert outcome["ok"] is True and outcome["written"] == 0
+    assert outcome["already_written"] == 2 and outcome["kept_different"] == 2
+    assert outcome["kept_different_series"] == [
+        "runs_watched kept 2, not 3",
+        "alert{cluster=c1,run=hero-00000,reason=not_finite} kept 1, not 0",
+    ]
+    assert outcome.get("failed") == 0  # the new run's series was written by the partial request
+
+
+def test_long_run_ids_fit_the_label_limit_and_stay_distinct(monitoring):
+    sink = _sink(monitoring)
+    long_id = "hero-" + "ü" * 3000
+    rows = _paging_rows(1, prefix=long_id + "-a") + _paging_rows(1, prefix=long_id + "-b")
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] and outcome["written"] == 3
+    runs = [p.series.metric.labels["run"] for p in monitoring.points if p.series.metric.labels]
+    assert len(set(runs)) == 2
+    assert all(len(r.encode()) <= 1024 and r.startswith("hero-üü") for r in runs)
+
+
+def test_only_paging_reasons_get_a_point_and_silenced_runs_get_0(monitoring):
+    sink = _sink(monitoring)
+    rows = [
+        *_paging_rows(1, "spiking", prefix="hero-s"),
+        {**_paging_rows(1, "not_finite", prefix="hero-q")[0], "silenced": True, "value": 0},
+        *_paging_rows(1, "healthy", prefix="hero-h"),
+        *_paging_rows(1, "warming_up", prefix="hero-w"),
+    ]
+    assert sink.write(rows, NOW)["ok"]
+    got = {
+        (p.series.metric.labels.get("run"), p.series.metric.labels.get("reason")): p.value for p in monitoring.points
+    }
+    assert got == {(None, None): 4, ("hero-s00000", "spiking"): 1, ("hero-q00000", "not_finite"): 0}
+
+
+def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
+    from lossspike.function import Backend, handle
+    from lossspike.settings import Settings
+
+    calls = []
+    backend = Backend(source=None, sinks={"x": lambda rows, deadline: calls.append(rows) or {}})
+
+    def clock():
+        return NOW
+
+    for ahead, status in ((timedelta(minutes=5, seconds=1), 400), (timedelta(hours=3), 400)):
+        header = {"X-CloudScheduler-ScheduleTime": (NOW + ahead).isoformat()}
+        got, result, reason = handle("POST", header, Settings(), backend, clock=clock)
+        assert (got, result) == (status, None) and "ahead of the clock" in reason
+    assert calls == []
+
+
+def test_a_tick_without_a_schedule_time_takes_the_current_whole_minute():
+    from lossspike.function import tick_time
+
+    assert tick_time("POST", {}, clock=lambda: NOW + timedelta(seconds=59, microseconds=7)) == NOW
+    exactly_five_ahead = {"X-CloudScheduler-ScheduleTime": "2026-11-30T12:05:00Z"}
+    assert tick_time("POST", exactly_five_ahead, clock=lambda: NOW) == NOW + timedelta(minutes=5)
+
+
+def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
+    from lossspike.deadline import Deadline
+    from lossspike.demo import write_demo_database
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.settings import Settings
+    from lossspike.tick import run_tick
+
+    database = tmp_path / "d.duckdb"
+    write_demo_database(database, NOW)
+    moments = iter([0.0, 1.0, 39.8, 39.9])  # created, query starts, the write starts late
+    deadline = Deadline(40.0, clock=lambda: next(moments))
+    import io
+
+    log = io.StringIO()
+    with DuckDBStore(database) as store:
+        sinks = {"alerts_table": lambda rows, d: {"rows": store.write_alerts(rows, deadline=d)}}
+        result = run_tick(store, sinks, Settings(), NOW, log=log, deadline=deadline)
+        written = store.connection.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'loss_spike_alerts'"
+        ).fetchone()
+    assert result.ok is False and len(result.rows) == 5
+    assert result.sinks["alerts_table"] == {
+        "ok": False,
+        "error": "DeadlineExceeded: tick deadline of 40 s exhausted before writing 'loss_spike_alerts'",
+    }
+    entry = json.loads(log.getvalue())
+    assert entry["severity"] == "ERROR" and "evaluation incomplete" in entry["message"]
+    assert written == (0,)
+
+
+def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
+    import io
+
+    from lossspike.demo import write_demo_database
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.settings import Settings
+    from lossspike.tick import run_tick
+
+    database = tmp_path / "d.duckdb"
+    write_demo_database(database, NOW)
+    kept = {"kept_different": 1, "kept_different_series": ["runs_watched kept 4, not 5"]}
+    log = io.StringIO()
+    with DuckDBStore(database) as store:
+        result = run_tick(store, {"monitoring": lambda rows, deadline: kept}, Settings(), NOW, log=log)
+    entry = json.loads(log.getvalue())
+    assert result.ok and entry["severity"] == "INFO"
+    assert entry["message"].endswith("series that kept an earlier value for this minute: runs_watched kept 4, not 5")
+    assert result.body()["sinks"]["monitoring"]["kept_different_series"] == ["runs_watched kept 4, not 5"]
+
+
+def test_a_retried_tick_of_1200_paging_runs_answers_ok_through_the_function(emulator, monitoring, monkeypatch):
+    deployment = Deployment(emulator, monitoring, monkeypatch)
+    runs = 1200
+    deployment.load([Sample(NOW - timedelta(minutes=1), float("nan"), f"hero-{i:05d}") for i in range(runs)])
+    first = deployment.tick()
+    assert first.status_code == 200 and first.json["sinks"]["monitoring"]["written"] == runs + 1
+    retry = deployment.tick()
+    assert retry.status_code == 200, retry.json["sinks"]
+    assert retry.json["sinks"]["monitoring"] == {
+        "ok": True,
+        "series": runs + 1,
+        "written": 0,
+        "already_written": runs + 1,
+        "kept_different": 0,
+        "failed": 0,
+    }
+    assert len(monitoring.points) == runs + 1
+    [(count,)] = deployment.admin.query(f"SELECT COUNT(*) FROM `{deployment.alerts}`").result()
+    assert count == runs

@@ -693,3 +693,66 @@ def test_monitoring_rejects_more_than_200_series_and_duplicates(monitoring):
         name=name, time_series=[_series(f"r{i}", "healthy", 0, NOW) for i in range(200)], timeout=5
     )
     assert len(fake.points) == 201  # 200 + the first copy of the duplicated series
+
+
+# Limits the fake enforces as the service documents them: https://cloud.google.com/monitoring/quotas
+# ("User-defined metrics": label value length 1,024, 200 series per request, one point
+# per series per request, points of a series at least 5 seconds apart and in order).
+
+
+def test_monitoring_refuses_label_values_over_1024_bytes(monitoring):
+    fake, client = monitoring
+    name = f"projects/{PROJECT}"
+    with pytest.raises(gexc.InvalidArgument, match="exceeds the maximum length of 1024"):
+        client.create_time_series(name=name, time_series=[_series("é" * 513, "spiking", 1, NOW)], timeout=5)
+    client.create_time_series(name=name, time_series=[_series("é" * 512, "spiking", 1, NOW)], timeout=5)
+    assert len(fake.points) == 1
+
+
+def test_monitoring_points_of_a_series_are_5_seconds_apart(monitoring):
+    fake, client = monitoring
+    name = f"projects/{PROJECT}"
+    client.create_time_series(name=name, time_series=[_series("a", "spiking", 1, NOW)], timeout=5)
+    with pytest.raises(gexc.InvalidArgument, match="written in order"):
+        client.create_time_series(
+            name=name, time_series=[_series("a", "spiking", 1, NOW + timedelta(seconds=4))], timeout=5
+        )
+    client.create_time_series(
+        name=name, time_series=[_series("a", "spiking", 1, NOW + timedelta(seconds=5))], timeout=5
+    )
+    assert len(fake.points) == 2
+
+
+def test_monitoring_refusing_200_series_stays_an_invalid_argument(monitoring):
+    # The first fake listed every refused series and overflowed gRPC's metadata at ~100.
+    fake, client = monitoring
+    name = f"projects/{PROJECT}"
+    batch = [_series(f"hero-{i:04d}-" + "x" * 200, "spiking", 1, NOW) for i in range(200)]
+    client.create_time_series(name=name, time_series=batch, timeout=5)
+    with pytest.raises(gexc.InvalidArgument, match="and 197 more") as info:
+        client.create_time_series(name=name, time_series=batch, timeout=5)
+    assert len(str(info.value)) < 4096
+
+
+def test_monitoring_list_time_series_at_an_instant(monitoring):
+    fake, client = monitoring
+    name = f"projects/{PROJECT}"
+    client.create_time_series(name=name, time_series=[_series("a", "spiking", 1, NOW)], timeout=5)
+    later = NOW + timedelta(minutes=1)
+    client.create_time_series(
+        name=name, time_series=[_series("a", "spiking", 0, later), _series("b", "spiking", 1, later)], timeout=5
+    )
+
+    def at(moment: datetime) -> dict[str, int]:
+        found = client.list_time_series(
+            name=name,
+            filter='metric.type = "custom.googleapis.com/lossspike/alert"',
+            interval=monitoring_v3.TimeInterval(start_time=moment, end_time=moment),
+            view=monitoring_v3.ListTimeSeriesRequest.TimeSeriesView.FULL,
+            timeout=5,
+        )
+        return {s.metric.labels["run"]: s.points[0].value.int64_value for s in found}
+
+    assert at(NOW) == {"a": 1}
+    assert at(later) == {"a": 0, "b": 1}
+    assert at(NOW + timedelta(seconds=30)) == {}

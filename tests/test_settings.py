@@ -101,3 +101,46 @@ def test_readme_documents_every_setting_with_its_default():
         default = default_text(option.key)
         if default not in ("", "auto"):
             assert f"`{default}`" == documented, (option.env, documented, default)
+
+
+# Values that parse but cannot work are configuration errors too (issue 10, item 3).
+
+
+@pytest.mark.parametrize("name", ["LOSSSPIKE_BASELINE_MINUTES", "LOSSSPIKE_RECENT_MINUTES"])
+@pytest.mark.parametrize("value", ["44641", "1000000000", "99999999999999999999"])
+def test_windows_longer_than_a_month_are_refused(name, value):
+    with pytest.raises(ConfigError, match=rf"{name}='{value}': must be at most 44640 minutes \(31 days\)"):
+        load_settings({name: value})
+
+
+def test_a_month_long_baseline_is_accepted():
+    assert load_settings({"LOSSSPIKE_BASELINE_MINUTES": "44640"}).thresholds.baseline_minutes == 44640
+
+
+def test_a_bad_variable_is_reported_even_when_a_flag_overrides_it():
+    with pytest.raises(ConfigError, match="LOSSSPIKE_BACKEND='sqlite': must be one of duckdb, bigquery"):
+        load_settings({"LOSSSPIKE_BACKEND": "sqlite"}, {"backend": "duckdb"})
+    assert load_settings({"LOSSSPIKE_BACKEND": "bigquery"}, {"backend": "duckdb"}).backend == "duckdb"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0001-01-01T00:00:00Z",
+        "0001-01-01T00:00:00+01:00",  # overflows when converted to UTC
+        "9999-12-31T23:59:59-01:00",
+        "9999-06-01T00:00:00Z",
+        "1969-12-31T23:59:59Z",
+    ],
+)
+def test_times_outside_the_calendar_we_serve_are_refused(text):
+    from lossspike.times import parse_rfc3339
+
+    with pytest.raises(ValueError, match="out of range: times from 1970-01-01T00:00:00Z to before 9000-01-01"):
+        parse_rfc3339(text)
+
+
+def test_rfc3339_letters_are_case_insensitive():
+    from lossspike.times import parse_rfc3339
+
+    assert parse_rfc3339("2026-11-30t12:00:00z") == parse_rfc3339("2026-11-30T12:00:00Z")

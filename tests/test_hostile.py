@@ -1,0 +1,635 @@
+"""Hostile inputs and faults (issue 10): a right answer or a one-line error, never a
+traceback, a silent wrong verdict or a runaway process.
+
+The command line runs as a subprocess, the function through functions-framework's
+test client and as a real `functions-framework` server on 127.0.0.1. One test (at
+least) per class of the issue; each asserts the exit code or status, a single
+stderr line or a JSON body, and the verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import NOW, REPO, write_database
+from oracle import Sample
+
+from lossspike.schema import telemetry_type_problem
+
+NOW_TEXT = "2026-11-30T12:00:00Z"
+HEADER = {"X-CloudScheduler-ScheduleTime": NOW_TEXT}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+    return {**clean, **extra}
+
+
+def lossspike(*args: str, env: dict | None = None, limit_file_bytes: int | None = None, cwd=None):
+    """Run the CLI as a user does; `limit_file_bytes` makes every file write past it fail (a full disk)."""
+
+    def full_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes, resource.RLIM_INFINITY))
+
+    return subprocess.run(
+        [sys.executable, "-m", "lossspike.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env or _env(),
+        cwd=cwd,
+        timeout=120,
+        preexec_fn=full_disk if limit_file_bytes is not None else None,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess, code: int) -> str:
+    """The single stderr line of a failed command; fails on a traceback or several lines."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stderr.endswith("\n"), result.stderr
+    assert lines[0].startswith("lossspike: "), lines[0]
+    return lines[0]
+
+
+def fleet() -> list[Sample]:
+    """A spiking run, a healthy run and a NaN run, all well warmed up."""
+    samples = []
+    for run, shift, junk in (("hero-up", 1.0, None), ("hero-flat", 0.0, None), ("hero-nan", 0.0, float("nan"))):
+        samples += [
+            Sample(NOW - timedelta(minutes=50) + timedelta(minutes=i), 2.0 + 0.01 * (i % 2), run) for i in range(40)
+        ]
+        samples += [Sample(NOW - timedelta(seconds=20 * (i + 1)), 2.0 + shift, run) for i in range(10)]
+        if junk is not None:
+            samples.append(Sample(NOW - timedelta(seconds=5), junk, run))
+    return samples
+
+
+WANT = {"hero-flat": "healthy", "hero-nan": "not_finite", "hero-up": "spiking"}
+
+
+def verdicts(stdout: str) -> dict[str, str]:
+    return {r["run"]: r["reason"] for r in json.loads(stdout)}
+
+
+def evaluate_json(db: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", *extra, env=env)
+
+
+# --- 1. Column types are part of the contract --------------------------------------------
+
+
+def _retyped(path: Path, column: str, sql_type: str, expression: str) -> Path:
+    """The fleet with one column stored as another type, as a careless loader would."""
+    write_database(path, fleet())
+    with duckdb.connect(str(path)) as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        connection.execute(f'ALTER TABLE telemetry ALTER "{column}" SET DATA TYPE {sql_type} USING {expression}')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("column", "sql_type", "expression", "shown"),
+    [
+        ("timestamp", "TIMESTAMP", "timestamp::TIMESTAMP", "TIMESTAMP"),
+        ("timestamp", "DATE", "timestamp::DATE", "DATE"),
+        ("timestamp", "BIGINT", "epoch(timestamp)::BIGINT", "BIGINT"),
+        ("timestamp", "VARCHAR", "timestamp::VARCHAR", "VARCHAR"),
+        ("value", "VARCHAR", "value::VARCHAR", "VARCHAR"),
+        ("run_id", "INTEGER", "length(run_id)", "INTEGER"),
+    ],
+)
+def test_a_column_of_the_wrong_type_is_refused_in_one_line(tmp_path, column, sql_type, expression, shown):
+    db = _retyped(tmp_path / "t.duckdb", column, sql_type, expression)
+    line = one_line_error(evaluate_json(db, "--no-write"), 1)
+    assert f"column {column!r} is {shown}" in line and "view" in line, line
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/Los_Angeles", "Asia/Kolkata"])
+def test_the_process_time_zone_never_changes_a_verdict(tmp_path, zone):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    result = evaluate_json(db, "--no-write", env=_env(TZ=zone))
+    assert result.returncode == 0, result.stderr
+    assert verdicts(result.stdout) == WANT
+    # The same file with a zone-less timestamp is refused in every zone, never read as calm.
+    naive = _retyped(tmp_path / "naive.duckdb", "timestamp", "TIMESTAMP", "timestamp::TIMESTAMP")
+    assert "column 'timestamp' is TIMESTAMP" in one_line_error(evaluate_json(naive, env=_env(TZ=zone)), 1)
+
+
+def test_the_type_contract_reads_bigquery_schemas_too():
+    good = {"timestamp": "TIMESTAMP", "value": "FLOAT", "run_id": "STRING", "cluster": "STRING"}
+    assert telemetry_type_problem(good, "bigquery") is None
+    assert telemetry_type_problem({**good, "value": "FLOAT64"}, "bigquery") is None
+    problem = telemetry_type_problem({**good, "timestamp": "DATETIME"}, "bigquery", "p.d.telemetry")
+    assert problem.startswith("table 'p.d.telemetry': column 'timestamp' is DATETIME, not TIMESTAMP;")
+    assert "TIMESTAMP(timestamp, 'UTC')" in problem and "\n" not in problem
+    assert "column 'value' is STRING" in telemetry_type_problem({**good, "value": "STRING"}, "bigquery")
+    assert "column 'run_id' is INT64" in telemetry_type_problem({**good, "run_id": "INT64"}, "bigquery")
+
+
+# --- 2. Overflow ---------------------------------------------------------------------------
+
+
+def huge_fleet() -> list[Sample]:
+    samples = []
+
+    def run(name: str, baseline: float, recent: float, blip: float | None = None) -> None:
+        nonlocal samples
+        samples += [Sample(NOW - timedelta(minutes=50) + timedelta(minutes=i), baseline, name) for i in range(40)]
+        samples += [Sample(NOW - timedelta(seconds=20 * (i + 1)), recent, name) for i in range(10)]
+        if blip is not None:
+            samples.append(Sample(NOW - timedelta(minutes=30, seconds=5), blip, name))
+
+    run("hero-max", 1.7e308, 1.7e308)  # flat, and every value beyond the finite range
+    run("hero-min", -1.7e308, -1.7e308)
+    run("hero-big-recent", 2.0, 1e308)
+    run("hero-blip", 2.0, 2.0, blip=1.7e308)  # one overflowing baseline step: excluded, run stays healthy
+    run("hero-neg-blip", 2.0, 2.0, blip=-1.7e308)
+    return samples
+
+
+HUGE_WANT = {
+    "hero-max": "not_finite",
+    "hero-min": "not_finite",
+    "hero-big-recent": "not_finite",
+    "hero-blip": "healthy",
+    "hero-neg-blip": "healthy",
+}
+
+
+def test_losses_near_the_float_limit_get_one_verdict_everywhere(tmp_path, monkeypatch):
+    db = write_database(tmp_path / "huge.duckdb", huge_fleet())
+    evaluated = evaluate_json(db, "--no-write")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert verdicts(evaluated.stdout) == HUGE_WANT
+    rows = json.loads(evaluated.stdout)
+    assert all(r["band"] is not None and abs(r["band"] - 2.05) < 1e-9 for r in rows if r["reason"] == "healthy")
+
+    backtested = lossspike(
+        "backtest", "--database", str(db), "--start", NOW_TEXT, "--end", NOW_TEXT, "--format", "json"
+    )
+    assert backtested.returncode == 0, backtested.stderr
+    [variant] = json.loads(backtested.stdout)["variants"]
+    paged = {r["run"]: {e["reason"] for e in r["episodes"]} for r in variant["runs"]}
+    assert {run for run, reasons in paged.items() if reasons} == {r for r, v in HUGE_WANT.items() if v != "healthy"}
+    assert all(reasons <= {"not_finite"} for reasons in paged.values())
+
+    monkeypatch.setenv("LOSSSPIKE_BACKEND", "duckdb")
+    monkeypatch.setenv("LOSSSPIKE_DATABASE", str(db))
+    response = _function_client().post("/", headers=HEADER)
+    assert response.status_code == 200, response.json
+    assert {r["run"]: r["reason"] for r in response.json["rows"]} == HUGE_WANT
+    assert response.json["rows"] == [{**r, "evaluated_at": NOW_TEXT} for r in rows]
+    _close_function()
+
+
+def test_plot_draws_a_run_near_the_float_limit(tmp_path):
+    pytest.importorskip("matplotlib")
+    db = write_database(tmp_path / "huge.duckdb", huge_fleet())
+    for run in ("hero-max", "hero-blip"):
+        out = tmp_path / f"{run}.png"
+        result = lossspike(
+            "plot", run, "-o", str(out), "--database", str(db), "--start", "2026-11-30T11:30:00Z", "--end", NOW_TEXT
+        )
+        assert result.returncode == 0, result.stderr
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- 3. Values that parse but cannot work ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--baseline-minutes", "1000000000"), "--baseline-minutes='1000000000': must be at most 44640 minutes"),
+        (("--recent-minutes", "99999999999999999999"), "--recent-minutes='99999999999999999999': must be at most"),
+        (("--now", "0001-01-01T00:00:00Z"), "--now: '0001-01-01T00:00:00Z' is out of range"),
+        (("--now", "9999-12-31T23:59:59-01:00"), "is out of range"),
+    ],
+)
+def test_values_that_parse_but_cannot_work_are_configuration_errors(tmp_path, args, needle):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    result = lossspike("evaluate", "--database", str(db), "--format", "json", "--no-write", *args)
+    line = one_line_error(result, 2)
+    assert line.startswith("lossspike: configuration error:") and needle in line, line
+
+
+def test_a_backtest_that_cannot_fit_in_memory_is_refused_with_its_bound(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    result = lossspike(
+        "backtest",
+        "--database",
+        str(db),
+        "--start",
+        "2026-11-01T00:00:00Z",
+        "--end",
+        NOW_TEXT,
+        "--baseline-minutes",
+        "40000",
+    )
+    line = one_line_error(result, 2)
+    assert "more than the 64800 (45 days) a backtest holds" in line, line
+    huge = lossspike("backtest", "--database", str(db), "--every", "99999999999999999999", "--end", NOW_TEXT)
+    assert one_line_error(huge, 2).startswith("lossspike: configuration error: --start/--end/--every")
+
+
+def test_the_function_refuses_to_start_with_a_window_that_cannot_work():
+    env = _env(LOSSSPIKE_BACKEND="duckdb", LOSSSPIKE_BASELINE_MINUTES="1000000000")
+    result = subprocess.run(
+        [sys.executable, "-c", "import main"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    first = json.loads(result.stdout.splitlines()[0])
+    assert first["severity"] == "ERROR" and "LOSSSPIKE_BASELINE_MINUTES" in first["message"]
+
+
+# --- 4. The function answers every bad request with a 4xx and JSON ---------------------------
+
+
+def _function_client():
+    from functions_framework import create_app
+
+    return create_app("evaluate", str(REPO / "main.py")).test_client()
+
+
+def _close_function() -> None:
+    main = sys.modules.get("main")
+    if main is not None and main._BACKEND:
+        main._BACKEND[0].source.close()
+        main._BACKEND.clear()
+
+
+@pytest.fixture
+def local_function(tmp_path, monkeypatch):
+    db = write_database(tmp_path / "fn.duckdb", fleet())
+    monkeypatch.setenv("LOSSSPIKE_BACKEND", "duckdb")
+    monkeypatch.setenv("LOSSSPIKE_DATABASE", str(db))
+    client = _function_client()
+    yield client, db
+    _close_function()
+
+
+@pytest.mark.parametrize(
+    ("header", "needle"),
+    [
+        ("0001-01-01T00:00:00Z", "out of range"),
+        ("9999-12-31T23:59:59Z", "out of range"),
+        ("0001-01-01T00:00:00+01:00", "out of range"),
+        ("2026-11-30T12:00:00", "needs an offset"),
+        ("now", "not an RFC 3339 time"),
+        ("2999-01-01T00:00:00Z", "ahead of the clock"),
+    ],
+)
+def test_bad_schedule_times_get_400_json(local_function, header, needle):
+    client, db = local_function
+    response = client.post("/", headers={"X-CloudScheduler-ScheduleTime": header})
+    assert response.status_code == 400 and response.is_json
+    assert response.json["ok"] is False and needle in response.json["error"]
+
+
+def test_an_unexpected_exception_is_a_json_500_and_one_error_line(local_function, monkeypatch, capsys):
+    client, _ = local_function
+    main = sys.modules["main"]
+
+    def broken(*args, **kwargs):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(main, "handle", broken)
+    response = client.post("/", headers=HEADER)
+    assert response.status_code == 500 and response.is_json
+    assert response.json == {"ok": False, "error": "lossspike tick crashed: KeyError: 'surprise'"}
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [e["severity"] for e in lines] == ["ERROR"]
+
+
+def test_a_lowercase_schedule_time_is_accepted(local_function):
+    client, _ = local_function
+    response = client.post("/", headers={"X-CloudScheduler-ScheduleTime": "2026-11-30t12:00:00z"})
+    assert response.status_code == 200, response.json
+    assert {r["run"]: r["reason"] for r in response.json["rows"]} == WANT
+
+
+# --- 5. demo fails in one line --------------------------------------------------------------
+
+
+def test_demo_fails_in_one_line_on_unusable_paths(tmp_path):
+    (tmp_path / "text.duckdb").write_text("not a database\n")
+    cases = {
+        str(tmp_path / "missing" / "demo.duckdb"): "does not exist",
+        str(tmp_path): "is a directory",
+        str(tmp_path / "text.duckdb"): "not a valid DuckDB database file",
+    }
+    for path, needle in cases.items():
+        line = one_line_error(lossspike("demo", "--database", path, "--now", NOW_TEXT), 1)
+        assert needle in line, line
+
+
+def test_demo_fails_in_one_line_on_a_locked_file(tmp_path):
+    db = tmp_path / "locked.duckdb"
+    write_database(db, fleet())
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, sys; c = duckdb.connect({str(db)!r}); print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        line = one_line_error(lossspike("demo", "--database", str(db), "--now", NOW_TEXT), 1)
+        assert "lock" in line.lower(), line
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_demo_fails_in_one_line_on_a_full_disk(tmp_path):
+    line = one_line_error(
+        lossspike("demo", "--database", str(tmp_path / "demo.duckdb"), "--now", NOW_TEXT, limit_file_bytes=1), 1
+    )
+    assert "cannot write the demo database" in line and "File too large" in line, line
+
+
+# --- 6. A full disk is not a permanent outage --------------------------------------------------
+
+
+def test_a_full_disk_fails_evaluate_in_one_line_and_writes_nothing(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    result = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, limit_file_bytes=1)
+    line = one_line_error(result, 1)
+    assert "nothing written" in line and "File too large" in line, line
+    with duckdb.connect(str(db), read_only=True) as connection:
+        tables = {t for (t,) in connection.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        count = (
+            connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone()[0]
+            if "loss_spike_alerts" in tables
+            else 0
+        )
+    assert count == 0
+    # With room again, the same command writes every row once.
+    assert lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT).returncode == 0
+    with duckdb.connect(str(db), read_only=True) as connection:
+        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (3,)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FunctionServer:
+    """`functions-framework --target evaluate` on 127.0.0.1, as a laptop user runs it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = _free_port()
+        self.process = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("functions-framework")),
+                "--target",
+                "evaluate",
+                "--source",
+                str(REPO / "main.py"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            cwd=REPO,
+            env={**env, "THREADS": "8"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert self.process.poll() is None, self.process.stdout.read()
+                time.sleep(0.2)
+        raise AssertionError("functions-framework did not start")
+
+    def tick(self, schedule_time: str = NOW_TEXT) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/",
+            method="POST",
+            data=b"",
+            headers={"X-CloudScheduler-ScheduleTime": schedule_time},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def worker_pid(self) -> int:
+        # gunicorn's one worker is the child of the arbiter; it holds the DuckDB file.
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return int(children[0]) if children else self.process.pid
+
+    def stop(self) -> str:
+        self.process.terminate()
+        try:
+            out, _ = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        return out
+
+
+@pytest.fixture
+def function_server(tmp_path):
+    db = write_database(tmp_path / "served.duckdb", fleet())
+    server = FunctionServer(_env(LOSSSPIKE_BACKEND="duckdb", LOSSSPIKE_DATABASE=str(db)))
+    yield server, db
+    server.stop()
+
+
+def test_the_function_server_fails_a_tick_on_a_full_disk_and_the_next_succeeds(function_server):
+    server, db = function_server
+    status, body = server.tick()  # builds the backend and writes the first minute
+    assert status == 200, body
+    pid = server.worker_pid()
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+    try:
+        # SIGXFSZ would kill the worker; the disk is "full" only if the write returns an error.
+        os.kill(pid, 0)
+        status, body = server.tick("2026-11-30T12:01:00Z")
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    if status == 200:
+        pytest.skip("the write fitted in space DuckDB had already allocated")
+    assert status == 500 and body["sinks"]["alerts_table"]["ok"] is False, body
+    assert "nothing written" in body["sinks"]["alerts_table"]["error"]
+    for minute in ("2026-11-30T12:01:00Z", "2026-11-30T12:02:00Z"):
+        status, body = server.tick(minute)
+        assert status == 200, body
+        assert {r["run"]: r["reason"] for r in body["rows"]} == WANT
+
+
+_INVALIDATE = """
+import io, json, resource, signal, sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+from conftest import NOW, write_database
+from test_hostile import fleet
+from lossspike.duckdb_store import DuckDBStore
+from lossspike.settings import Settings
+from lossspike.tick import run_tick
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+store = DuckDBStore(write_database(Path(sys.argv[1]), fleet()))
+sinks = {"alerts_table": lambda rows, d: {"rows": store.write_alerts(rows, deadline=d)}}
+log = io.StringIO()
+store.connection.execute("CREATE TABLE pad AS SELECT repeat('x', 100) || i AS x FROM range(20000) t(i)")
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+try:
+    store.connection.execute("CHECKPOINT")  # what a large write triggers by itself
+except Exception as error:
+    checkpoint = type(error).__name__
+full = run_tick(store, sinks, Settings(), NOW, log=log)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+later = run_tick(store, sinks, Settings(), NOW, log=log)
+print(json.dumps({"checkpoint": checkpoint, "full": full.body(), "later": later.body()}))
+"""
+
+
+def test_the_embedded_backend_reopens_a_database_a_full_disk_invalidated(tmp_path):
+    # A checkpoint that fails on a full disk leaves DuckDB "invalidated": every later
+    # statement on that connection fails until the database is opened again.
+    result = subprocess.run(
+        [sys.executable, "-c", _INVALIDATE, str(tmp_path / "t.duckdb")],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome["checkpoint"] == "FatalException"
+    assert outcome["full"]["ok"] is False and "nothing written" in outcome["full"]["sinks"]["alerts_table"]["error"]
+    assert outcome["later"]["ok"] is True and outcome["later"]["sinks"]["alerts_table"] == {"ok": True, "rows": 3}
+    assert {r["run"]: r["reason"] for r in outcome["later"]["rows"]} == WANT
+
+
+# --- 7. Concurrent requests to the local function ---------------------------------------------
+
+
+def test_concurrent_requests_to_the_local_function_all_get_right_answers(function_server):
+    server, _ = function_server
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda i: server.tick(f"2026-11-30T12:0{i % 4}:00Z"), range(16)))
+    assert [status for status, _ in answers] == [200] * 16, answers
+    assert all({r["run"]: r["reason"] for r in body["rows"]} for _, body in answers)
+    at_noon = [body for status, body in answers if body["evaluated_at"] == NOW_TEXT]
+    assert all({r["run"]: r["reason"] for r in body["rows"]} == WANT for body in at_noon)
+
+
+# --- 8. What reaches a terminal is escaped ------------------------------------------------------
+
+
+def test_hostile_ids_cannot_break_or_recolour_the_table(tmp_path):
+    hostile = ["hero-new\nline", "hero-\x1b[31mred\x1b[0m", "hero-\u202eevil", "hero-\u200fmark"]
+    samples = []
+    for run in hostile:
+        samples += [
+            Sample(NOW - timedelta(seconds=20 * (i + 1)), 2.0, run, cluster="c\x1b]0;title\x07") for i in range(10)
+        ]
+    db = write_database(tmp_path / "t.duckdb", samples)
+    table = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--no-write")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) == 2 + len(hostile)  # "evaluated at", the header, one line per run
+    assert not any(ch in table.stdout for ch in ("\x1b", "\x07", "\u202e", "\u200f"))
+    assert "hero-new\\x0aline" in table.stdout and "hero-\\u202eevil" in table.stdout
+    as_json = evaluate_json(db, "--no-write")
+    assert {r["run"] for r in json.loads(as_json.stdout)} == set(hostile)  # JSON keeps the data as it is
+
+
+# --- 9. Smaller surprises --------------------------------------------------------------------
+
+
+def test_an_unknown_backend_variable_is_not_ignored_by_evaluate(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    line = one_line_error(evaluate_json(db, "--no-write", env=_env(LOSSSPIKE_BACKEND="sqlite")), 2)
+    assert "LOSSSPIKE_BACKEND='sqlite': must be one of duckdb, bigquery" in line
+
+
+def test_plot_writes_the_format_its_name_says_or_refuses(tmp_path):
+    pytest.importorskip("matplotlib")
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    common = ("--database", str(db), "--start", "2026-11-30T11:50:00Z", "--end", NOW_TEXT)
+    jpg = tmp_path / "up.jpg"
+    assert lossspike("plot", "hero-up", "-o", str(jpg), *common).returncode == 0
+    assert jpg.read_bytes()[:3] == b"\xff\xd8\xff"  # JPEG, not PNG bytes under a .jpg name
+    line = one_line_error(lossspike("plot", "hero-up", "-o", str(tmp_path / "up.docx"), *common), 1)
+    assert "name the file with one of" in line and ".png" in line
+    assert not (tmp_path / "up.docx").exists()
+
+
+def test_monitoring_without_credentials_still_writes_the_alert_rows(tmp_path, monkeypatch):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    monkeypatch.setenv("LOSSSPIKE_BACKEND", "duckdb")
+    monkeypatch.setenv("LOSSSPIKE_DATABASE", str(db))
+    monkeypatch.setenv("LOSSSPIKE_MONITORING", "true")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    response = _function_client().post("/", headers=HEADER)
+    _close_function()
+    assert response.status_code == 500 and response.is_json
+    sinks = response.json["sinks"]
+    assert sinks["alerts_table"] == {"ok": True, "rows": 3}
+    assert sinks["monitoring"]["ok"] is False and "credentials" in sinks["monitoring"]["error"].lower()
+    with duckdb.connect(str(db), read_only=True) as connection:
+        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (3,)
+
+
+def test_a_database_deleted_under_the_function_fails_the_tick(local_function):
+    client, db = local_function
+    assert client.post("/", headers=HEADER).status_code == 200
+    db.unlink()
+    response = client.post("/", headers={"X-CloudScheduler-ScheduleTime": "2026-11-30T12:01:00Z"})
+    assert response.status_code == 500 and "deleted or moved" in response.json["error"]
+    # A new file in its place is opened afresh.
+    write_database(db, fleet())
+    response = client.post("/", headers={"X-CloudScheduler-ScheduleTime": "2026-11-30T12:02:00Z"})
+    assert response.status_code == 200, response.json
+    assert {r["run"]: r["reason"] for r in response.json["rows"]} == WANT
+
+
+def test_lowercase_rfc3339_is_accepted_by_now(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    result = lossspike(
+        "evaluate", "--database", str(db), "--now", "2026-11-30t12:00:00z", "--format", "json", "--no-write"
+    )
+    assert result.returncode == 0, result.stderr
+    assert verdicts(result.stdout) == WANT
+
+
+def test_the_function_server_answers_bad_requests_with_json(function_server):
+    server, _ = function_server
+    for header, needle in (("9999-12-31T23:59:59Z", "out of range"), ("2999-01-01T00:00:00Z", "ahead of the clock")):
+        status, body = server.tick(header)
+        assert status == 400 and body["ok"] is False and needle in body["error"]
+    status, body = server.tick()
+    assert status == 200 and {r["run"]: r["reason"] for r in body["rows"]} == WANT
