@@ -373,7 +373,7 @@ def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
         assert response.status_code == 200, response.json
     assert response.json["counts"] == {"not_finite": 1, "warming_up": 1, "spiking": 1, "healthy": 2}
     assert set(response.json["sinks"]) == {"alerts_table"}
-    sys.modules["main"]._BACKEND[0].source.close()
+    sys.modules["main"]._BACKEND[0].store.close()
     import duckdb
 
     with duckdb.connect(str(database), read_only=True) as connection:
@@ -503,7 +503,7 @@ def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
     from lossspike.settings import Settings
 
     calls = []
-    backend = Backend(source=None, sinks={"x": lambda rows, deadline: calls.append(rows) or {}})
+    backend = Backend(store=None, sinks={"x": lambda rows, deadline: calls.append(rows) or {}})
 
     def clock():
         return NOW

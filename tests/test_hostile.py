@@ -270,7 +270,7 @@ def _function_client():
 def _close_function() -> None:
     main = sys.modules.get("main")
     if main is not None and main._BACKEND:
-        main._BACKEND[0].source.close()
+        main._BACKEND[0].store.close()
         main._BACKEND.clear()
 
 
