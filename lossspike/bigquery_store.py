@@ -34,7 +34,13 @@ JOB_LABELS = {"app": "lossspike"}
 MAX_ROWS_PER_MERGE = 1000
 
 _SCALAR_TYPES = ((bool, "BOOL"), (int, "INT64"), (float, "FLOAT64"), (str, "STRING"), (datetime, "TIMESTAMP"))
-_STRUCT_TYPES = {"TIMESTAMP": "TIMESTAMP", "STRING": "STRING", "INTEGER": "INT64", "FLOAT": "FLOAT64"}
+_STRUCT_TYPES = {
+    "TIMESTAMP": "TIMESTAMP",
+    "STRING": "STRING",
+    "INTEGER": "INT64",
+    "FLOAT": "FLOAT64",
+    "BOOLEAN": "BOOL",
+}
 
 
 def _type_of(value: Any) -> str:

@@ -30,6 +30,7 @@ _RULE_FLAGS = (
     "min_baseline_samples",
     "min_recent_samples",
     "reference",
+    "stall_minutes",
 )
 
 

@@ -9,7 +9,15 @@ import duckdb
 import pyarrow as pa
 
 from lossspike.evaluate import StoreError
-from lossspike.schema import ALERT_COLUMNS, TELEMETRY_COLUMNS, alerts_table_ddl, alerts_to_arrow
+from lossspike.overrides import overrides_table_name, table_exists_duckdb
+from lossspike.schema import (
+    ALERT_COLUMNS,
+    ALERTS_SCHEMA,
+    TELEMETRY_COLUMNS,
+    alerts_table_ddl,
+    alerts_to_arrow,
+    alter_add_column,
+)
 from lossspike.sql import DUCKDB, Query, quote_table
 
 
@@ -31,6 +39,7 @@ class DuckDBStore:
             raise StoreError(f"database file not found: {self.path}")
         self.telemetry_table = telemetry_table
         self.alerts_table = alerts_table
+        self.overrides_table = overrides_table_name(alerts_table)
         try:
             self.connection = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as error:
@@ -71,6 +80,22 @@ class DuckDBStore:
         except duckdb.Error as error:
             raise StoreError(f"query on {self.telemetry_table!r} failed: {_first_line(error)}") from None
 
+    def fetch_evaluation(self, windows: Query, overrides: Query) -> tuple[pa.Table, pa.Table | None]:
+        """Run the window query and read the override rows in one transaction (one snapshot).
+
+        Both go through `fetch`, so a subclass that rewrites queries rewrites both.
+        """
+        connection = self.connection
+        connection.execute("BEGIN TRANSACTION")
+        try:
+            result = self.fetch(windows)
+            rows = self.fetch(overrides) if table_exists_duckdb(connection, self.overrides_table) else None
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+        return result, rows
+
     def write_alerts(self, rows: list[dict[str, Any]]) -> int:
         """Replace the rows of each evaluation time in `rows` with `rows`; return rows written.
 
@@ -80,6 +105,11 @@ class DuckDBStore:
         table = quote_table(DUCKDB, self.alerts_table)
         self.connection.execute(alerts_table_ddl(table))
         present = self._columns(self.alerts_table)
+        # A file written by an older version lacks the newer nullable columns: add them.
+        for column in ALERTS_SCHEMA:
+            if column["name"] not in present and column["mode"] == "NULLABLE":
+                self.connection.execute(alter_add_column(table, column))
+                present[column["name"]] = column["type"]
         missing = [c for c in ALERT_COLUMNS if c not in present]
         if missing:
             raise StoreError(f"table {self.alerts_table!r} in {self.path} lacks column(s): {', '.join(missing)}")

@@ -210,7 +210,8 @@ SELECT
   {d.count_if.format("is_loss AND recent AND NOT finite")} AS recent_not_finite,
   {stat("AVG", recent)} AS recent_mean,
   {stat("MIN", recent)} AS recent_floor,
-  {stat("MAX", recent)} AS recent_peak
+  {stat("MAX", recent)} AS recent_peak,
+  MAX({d.if_.format("is_loss", "timestamp")}) AS last_loss_at
 FROM samples
 GROUP BY cluster, run_id"""
     return Query(sql, params)
