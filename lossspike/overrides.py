@@ -274,11 +274,14 @@ def google_account(credentials: Any) -> str | None:
     return None
 
 
-def bigquery_client(project: str, location: str) -> Any:
-    """A BigQuery client on the environment's credentials (Application Default Credentials)."""
+def bigquery_session(project: str, location: str) -> tuple[Any, str | None]:
+    """A BigQuery client on Application Default Credentials, and the account they name (or None)."""
+    import google.auth
     from google.cloud import bigquery
 
-    return bigquery.Client(project=project or None, location=location)
+    credentials, default_project = google.auth.default()
+    client = bigquery.Client(project=project or default_project, credentials=credentials, location=location)
+    return client, google_account(credentials)
 
 
 def bigquery_parameters(values: dict[str, Any]) -> list[Any]:
@@ -296,8 +299,8 @@ def table_exists_duckdb(connection: Any, table: str) -> bool:
         "SELECT count(*) FROM information_schema.tables"
         " WHERE table_name = $name AND ($schema = '' OR table_schema = $schema)",
         {"name": name, "schema": schema},
-    ).fetchone()
-    return bool(found and found[0])
+    ).fetchall()
+    return bool(found[0][0])
 
 
 def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
