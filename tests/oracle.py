@@ -57,6 +57,11 @@ def stalled(loss: list[Sample], now: datetime, t: Thresholds) -> bool:
     return t.stall_minutes > 0 and newest is not None and now - newest > timedelta(minutes=t.stall_minutes)
 
 
+def _as_time(value: datetime | str | None) -> datetime | None:
+    """A row's time, whether the row came from Python or from a JSON response (RFC 3339)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else value
+
+
 def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection) -> list[dict]:
     """The alert rows SPEC.md asks for, sorted by (cluster, run). `job` is the set of acceptable jobs."""
     start = now - timedelta(minutes=t.baseline_minutes)
@@ -185,8 +190,9 @@ def assert_rows_match(actual: list[dict], wanted: list[dict], samples: list[Samp
         where = f"{want['cluster']}/{want['run']!r}"
         assert got["job"] in want["job"], where
         assert got["evaluated_at"] == want["evaluated_at"], where
-        for key in ("baseline_samples", "recent_samples", "recent_not_finite", "last_loss_at"):
+        for key in ("baseline_samples", "recent_samples", "recent_not_finite"):
             assert got[key] == want[key], (where, key)
+        assert _as_time(got["last_loss_at"]) == want["last_loss_at"], (where, got["last_loss_at"])
         for key in STAT_KEYS:
             assert _close(got[key], want[key], scale), (where, key, got[key], want[key])
         if got["reason"] != want["reason"]:
