@@ -117,16 +117,16 @@ def _add_override_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pattern", action="store_true", help="RUN is a SQL LIKE pattern (\\ escapes %% and _)")
     parser.add_argument("--cluster", help="only the run on this cluster ('unknown' for none) [any cluster]")
     parser.add_argument("--note", required=True, help="why: shown in the run's alert rows and in `overrides`")
-    _add_override_backend(parser)
+    _add_override_backend(parser, "the row's created_at")
 
 
-def _add_override_backend(parser: argparse.ArgumentParser) -> None:
+def _add_override_backend(parser: argparse.ArgumentParser, now_help: str) -> None:
     parser.add_argument(
         "--database",
         help=f"DuckDB file [$LOSSSPIKE_DATABASE or {default_text('database')}];"
         " without it, $LOSSSPIKE_BACKEND picks duckdb or bigquery",
     )
-    parser.add_argument("--now", help="the row's created_at, RFC 3339 (default: the wall clock)")
+    parser.add_argument("--now", help=f"{now_help}, RFC 3339 (default: the wall clock)")
 
 
 def _add_override_commands(commands: Any) -> None:
@@ -149,7 +149,7 @@ def _add_override_commands(commands: Any) -> None:
     listing = commands.add_parser("overrides", help="list the override rows in force, newest first")
     listing.add_argument("--all", action="store_true", help="every row written up to --now, newest first")
     listing.add_argument("--format", choices=("table", "json"), default="table")
-    _add_override_backend(listing)
+    _add_override_backend(listing, "list as of this time")
 
 
 def _duration(text: str) -> timedelta:
