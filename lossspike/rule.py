@@ -58,9 +58,8 @@ class Thresholds:
     min_recent_samples: int = 5
     # "mean" follows Marin's code and runbook; "floor" is stricter against slow drift.
     reference: str = "mean"
-    # Marin's training-stall alert waits a quarter of an hour: longer than a checkpoint
-    # save or an eval pause, short enough that a hung collective pages within the hour.
-    # 0 turns the check off.
+    # SPEC's default: longer than a checkpoint save or an eval pause, short enough that a
+    # hung collective pages well within the hour it stays enrolled. 0 turns the check off.
     stall_minutes: int = 15
 
     def __post_init__(self) -> None:
