@@ -172,9 +172,14 @@ class _OverrideTable:
         self.client: Any = None
         self.account: str | None = None
         if self.settings.backend == "bigquery":
-            from lossspike.overrides import bigquery_session
+            from lossspike import overrides
+            from lossspike.evaluate import StoreError
 
-            self.client, self.account = bigquery_session(self.settings.project, self.settings.location)
+            try:
+                self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
+            except Exception as error:  # noqa: BLE001 - missing credentials or extras: one line, not a traceback
+                reason = " ".join(str(error).split()) or type(error).__name__
+                raise StoreError(f"cannot open BigQuery: {reason}") from None
 
     def _duckdb(self, read_only: bool) -> Any:
         from lossspike.duckdb_store import DuckDBStore
