@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import timedelta
 
 import duckdb
 import pytest
 from conftest import NOW, write_database
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
@@ -309,3 +312,58 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
     refused = cli_module.main(["override", "hero-a", "--min-rise", "nan", "--note", "x", "--now", NOW_TEXT])
     assert refused == 2 and "--min-rise" in capsys.readouterr().err
     assert len(overrides.read_bigquery(admin, table, NOW, "US")) == 3
+
+
+# --- resolution against a brute-force reading of SPEC, on random histories -------------------
+
+
+@st.composite
+def histories(draw) -> list[OverrideRow]:
+    """Rows for a few patterns and clusters, each at its own minute (SPEC leaves ties open)."""
+    minutes = draw(st.lists(st.integers(-30, 120), min_size=0, max_size=12, unique=True))
+    rows = []
+    for minute in minutes:
+        rows.append(
+            OverrideRow(
+                run_pattern=draw(st.sampled_from(["hero-a", "hero-%", "hero-_", "other", "hero-a\\%"])),
+                created_at=NOW - minute * MINUTE,
+                cluster=draw(st.sampled_from([None, "c1", "c2", "unknown"])),
+                sigma=draw(st.sampled_from([None, None, 1.0, 8.0])),
+                stall_minutes=draw(st.sampled_from([None, None, 0, 30])),
+                silenced_until=draw(st.sampled_from([None, None, NOW - minute * MINUTE, NOW + 5 * MINUTE])),
+                finished=draw(st.sampled_from([None, None, True, False])),
+                note=draw(st.sampled_from([None, "n1", "n2"])),
+            )
+        )
+    return rows
+
+
+def spec_value(rows: list[OverrideRow], cluster: str, run: str, now, column: str):
+    """SPEC read literally: own-cluster rows first, then any-cluster rows; the newest that sets it."""
+    regex = {"hero-a": "hero-a", "hero-%": "hero-.*", "hero-_": "hero-.", "other": "other", "hero-a\\%": "hero-a%"}
+    for own in (True, False):
+        setting = [
+            r
+            for r in rows
+            if r.created_at <= now
+            and (r.cluster == cluster if own else r.cluster is None)
+            and re.fullmatch(regex[r.run_pattern], run)
+            and getattr(r, column) is not None
+        ]
+        if setting:
+            return getattr(max(setting, key=lambda r: r.created_at), column)
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=histories(), cluster=st.sampled_from(["c1", "c2", "unknown"]), run=st.sampled_from(["hero-a", "hero-ab"]))
+def test_resolution_matches_spec(rows, cluster, run):
+    policy = resolve(rows, cluster, run, NOW, T)
+    sigma = spec_value(rows, cluster, run, NOW, "sigma")
+    stall = spec_value(rows, cluster, run, NOW, "stall_minutes")
+    until = spec_value(rows, cluster, run, NOW, "silenced_until")
+    finished = spec_value(rows, cluster, run, NOW, "finished")
+    assert policy.thresholds.sigma == (T.sigma if sigma is None else sigma)
+    assert policy.thresholds.stall_minutes == (T.stall_minutes if stall is None else stall)
+    assert policy.silenced == ((until is not None and until > NOW) or finished is True)
+    assert policy.note == spec_value(rows, cluster, run, NOW, "note")
