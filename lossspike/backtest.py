@@ -12,8 +12,9 @@ run and tick: the backtest reduces data differently, it never judges differently
 
 from __future__ import annotations
 
+import bisect
 from collections import namedtuple
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from lossspike import minutes
 from lossspike.minutes import Partial
+from lossspike.overrides import OverrideRow, matches, resolve
 from lossspike.rule import (
     PAGING_REASONS,
     REASONS,
@@ -30,6 +32,7 @@ from lossspike.rule import (
     WINDOW_FIELDS,
     EnrolledRun,
     LossWindows,
+    RunPolicy,
     Thresholds,
     alert_rows,
     band,
@@ -95,9 +98,12 @@ class RunHistory:
     codes: np.ndarray
     # Per tick: recent_floor - band where the run was spiking, NaN elsewhere.
     margins: np.ndarray
-    # Per tick, kept only when asked for (plots, tests): the windows and the job.
+    # Per tick: whether an override silenced the run (its verdict then does not page).
+    silenced: np.ndarray | None = None
+    # Per tick, kept only when asked for (plots, tests): the windows, the job and the overrides in force.
     windows: list[LossWindows | None] | None = None
     jobs: list[str] | None = None
+    policies: list[RunPolicy | None] | None = None
 
     def reason(self, tick: int) -> str | None:
         code = int(self.codes[tick])
@@ -130,19 +136,24 @@ class Backtest:
     def rows_at(self, tick: int) -> list[dict[str, Any]]:
         """The alert rows `evaluate` gives at ticks[tick] (needs detail=True)."""
         enrolled = []
+        policies = {}
         for history in self.runs:
-            if history.windows is None or history.jobs is None:
+            if history.windows is None or history.jobs is None or history.policies is None:
                 raise ValueError("rows_at needs a backtest run with detail=True")
             windows = history.windows[tick]
+            policy = history.policies[tick]
             if windows is not None:
                 enrolled.append(EnrolledRun(history.cluster, history.run, history.jobs[tick], windows))
-        return alert_rows(enrolled, self.ticks[tick], self.thresholds)
+                if policy is not None:
+                    policies[(history.cluster, history.run)] = policy
+        return alert_rows(enrolled, self.ticks[tick], self.thresholds, policies)
 
     def episodes(self) -> list[Episode]:
         """Every page: maximal runs of consecutive ticks with the same paging reason, by run then time."""
         found = []
         for history in self.runs:
-            codes = history.codes
+            # A silenced tick does not page: it ends an episode like a healthy one.
+            codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes
             tick = 0
             while tick < len(codes):
                 code = int(codes[tick])
@@ -218,6 +229,7 @@ def backtest(
     ticks: Sequence[datetime],
     variants: Sequence[Thresholds] = (),
     detail: bool = False,
+    overrides: bool = True,
 ) -> list[Backtest]:
     """Evaluate every rule variant (default: settings.thresholds) at every tick, in one query.
 
@@ -229,8 +241,8 @@ def backtest(
         raise ValueError("a backtest needs at least one tick")
     if any(t.second or t.microsecond for t in ticks):
         raise ValueError("ticks must be whole minutes")
-    minutes = np.array([_minute_index(t) for t in ticks], dtype=np.int64)
-    steps = np.diff(minutes)
+    indexes = np.array([_minute_index(t) for t in ticks], dtype=np.int64)
+    steps = np.diff(indexes)
     if len(steps) and (steps[0] < 1 or (steps != steps[0]).any()):
         raise ValueError("ticks must be increasing and evenly spaced")
     every = int(steps[0]) if len(steps) else 1
@@ -244,18 +256,26 @@ def backtest(
         telemetry_table=settings.telemetry_table,
     )
     buckets = store.fetch(query)
+    # The overrides in force at each tick, as they were then (by created_at and silenced_until).
+    rows = store.read_overrides(ticks[-1]) if overrides else []
     return [
-        Backtest(list(ticks), every, thresholds, _histories(buckets, minutes, lookback, thresholds, detail))
+        Backtest(list(ticks), every, thresholds, _histories(buckets, ticks, lookback, thresholds, detail, rows))
         for thresholds in variants
     ]
 
 
 def _histories(
-    buckets: pa.Table, tick_minutes: np.ndarray, lookback: int, t: Thresholds, detail: bool
+    buckets: pa.Table,
+    ticks: list[datetime],
+    lookback: int,
+    t: Thresholds,
+    detail: bool,
+    overrides: list[OverrideRow],
 ) -> list[RunHistory]:
     """Merge the minute buckets into every run's windows at every tick and judge them."""
     if buckets.num_rows == 0:
         return []
+    tick_minutes = np.array([_minute_index(tick) for tick in ticks], dtype=np.int64)
     keys, row_run = minutes.run_keys(buckets)
     origin = int(tick_minutes[0]) - lookback
     row_slot = minutes.minute_indexes(buckets) - origin
@@ -296,7 +316,8 @@ def _histories(
         loss_at = np.maximum.accumulate(loss_at.reshape(shape), axis=1)
         windows = _windows(grids, job_row, job_slot, loss_at, ends, t)
         for offset, index in enumerate(chunk):
-            histories.append(_judge(keys[index], windows, offset, jobs, t, detail))
+            policy_at = _policies(overrides, keys[index], ticks, t)
+            histories.append(_judge(keys[index], windows, offset, jobs, ticks, policy_at, detail))
     return histories
 
 
@@ -381,15 +402,43 @@ def _windows(
 _WindowsView = namedtuple("_WindowsView", WINDOW_FIELDS)  # type: ignore[misc]
 
 
+def _policies(
+    rows: list[OverrideRow], key: tuple[str, str], ticks: list[datetime], base: Thresholds
+) -> Callable[[int], RunPolicy]:
+    """The overrides in force for one run at each tick; resolved again only when a row starts or ends."""
+    mine = [r for r in rows if matches(r, *key)]
+    if not mine:
+        plain = RunPolicy(base)
+        return lambda tick: plain
+    changes = sorted({r.created_at for r in mine} | {r.silenced_until for r in mine if r.silenced_until is not None})
+    cache: dict[int, RunPolicy] = {}
+
+    def at(tick: int) -> RunPolicy:
+        epoch = bisect.bisect_right(changes, ticks[tick])
+        if epoch not in cache:
+            cache[epoch] = resolve(mine, key[0], key[1], ticks[tick], base)
+        return cache[epoch]
+
+    return at
+
+
 def _judge(
-    key: tuple[str, str], w: dict[str, Any], row: int, jobs: list[str], t: Thresholds, detail: bool
+    key: tuple[str, str],
+    w: dict[str, Any],
+    row: int,
+    jobs: list[str],
+    times: list[datetime],
+    policy_at: Callable[[int], RunPolicy],
+    detail: bool,
 ) -> RunHistory:
-    """Build each tick's windows and ask the rule; record reasons and margins."""
+    """Build each tick's windows and ask the rule with the overrides then in force; record reasons and margins."""
     ticks = w["enrolled"].shape[1]
     codes = np.full(ticks, -1, dtype=np.int8)
     margins = np.full(ticks, np.nan)
     kept: list[LossWindows | None] | None = [None] * ticks if detail else None
     kept_jobs: list[str] | None = [""] * ticks if detail else None
+    kept_policies: list[RunPolicy | None] | None = [None] * ticks if detail else None
+    silenced = np.zeros(ticks, dtype=bool)
     enrolled = np.flatnonzero(w["enrolled"][row])
     b_n = w["baseline_samples"][row, enrolled]
     r_finite = w["recent_finite"][row, enrolled] > 0
@@ -422,12 +471,16 @@ def _judge(
     new = tuple.__new__
     for tick, values in zip(enrolled.tolist(), zip(*columns, strict=True), strict=True):
         windows = new(_WindowsView, values)
-        reason, _ = loss_spike_reason(windows, t)
+        policy = policy_at(tick)
+        t = policy.thresholds
+        reason, _ = loss_spike_reason(windows, t, times[tick])
         codes[tick] = _CODES[reason]
+        silenced[tick] = policy.silenced
         if reason == SPIKING:
             margins[tick] = windows.recent_floor - band(windows, t)
-        if kept is not None and kept_jobs is not None:
+        if kept is not None and kept_jobs is not None and kept_policies is not None:
             kept[tick] = LossWindows(*values)
+            kept_policies[tick] = policy
             job_row = int(w["job_row"][row, tick])
             kept_jobs[tick] = jobs[job_row] if job_row >= 0 else ""
-    return RunHistory(key[0], key[1], codes, margins, kept, kept_jobs)
+    return RunHistory(key[0], key[1], codes, margins, silenced, kept, kept_jobs, kept_policies)

@@ -18,21 +18,30 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from google.api_core.exceptions import GoogleAPIError, RetryError
+from google.api_core.exceptions import GoogleAPIError, NotFound, RetryError
 from google.cloud import bigquery
 
 from lossspike.deadline import Deadline
-from lossspike.rule import EnrolledRun
+from lossspike.overrides import (
+    OVERRIDES_SCHEMA,
+    OverrideRow,
+    overrides_query,
+    overrides_table_name,
+    rows_from_arrow,
+)
 from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA, TELEMETRY_COLUMNS, telemetry_type_problem
 from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
+    OTHER_ROWS,
+    TICK_GROUP_TYPES,
     Query,
     append_sql,
     refresh_statement,
+    with_rows_of,
     write_script,
 )
-from lossspike.store import StoreError
+from lossspike.store import StoreError, TickRead
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
 # so each may spend at most this long, retries included.
@@ -48,7 +57,18 @@ MAX_ROWS_PER_WRITE = 1000
 _BYTES_LIMIT = "bytesBilledLimitExceeded"
 
 _SCALAR_TYPES = ((bool, "BOOL"), (int, "INT64"), (float, "FLOAT64"), (str, "STRING"), (datetime, "TIMESTAMP"))
-_STRUCT_TYPES = {"TIMESTAMP": "TIMESTAMP", "STRING": "STRING", "INTEGER": "INT64", "FLOAT": "FLOAT64"}
+# The override table's columns as GoogleSQL types, for reading them beside the tick's rows.
+OVERRIDE_TYPES = {
+    c["name"]: {"FLOAT": "FLOAT64", "INTEGER": "INT64", "BOOLEAN": "BOOL"}.get(c["type"], c["type"])
+    for c in OVERRIDES_SCHEMA
+}
+_STRUCT_TYPES = {
+    "TIMESTAMP": "TIMESTAMP",
+    "STRING": "STRING",
+    "INTEGER": "INT64",
+    "FLOAT": "FLOAT64",
+    "BOOLEAN": "BOOL",
+}
 
 
 def _type_of(value: Any) -> str:
@@ -104,6 +124,10 @@ class BigQueryStore:
         self.retry = bigquery.DEFAULT_RETRY.with_deadline(RETRY_DEADLINE_SECONDS)
         self._cost: dict[str, Any] = {}
         self._checked = False
+        self._overrides_table = overrides_table_name(settings.alerts_table)
+        # (the override table's last-modified time when read, its rows)
+        self._overrides: tuple[datetime | None, list[OverrideRow]] = (None, [])
+        self._overrides_seen: datetime | None = None
 
     def close(self) -> None:
         self.client.close()
@@ -187,18 +211,61 @@ class BigQueryStore:
         }
         return table
 
-    def enrolled(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[EnrolledRun]:
-        """The watched runs at `now`: through the rollup view at whole minutes, else the raw query."""
+    def read_tick(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> TickRead:
+        """The watched runs at `now` and the override rows, in one job.
+
+        At a whole minute with a rollup view, the job refreshes the view and reads the
+        watched runs' minute buckets; otherwise it is the raw query. The override table
+        is tiny but a read bills BigQuery's 10 MB minimum, so it is read (in the same
+        statement) only when its metadata, which costs nothing, says it changed.
+        """
+        from lossspike.evaluate import enrolled_from_groups, raw_enrolled, rollup_query
+
+        overrides, changed = self._overrides_state()
         rollup = settings.rollup_table
         if not rollup or now.second or now.microsecond:
-            from lossspike.evaluate import raw_enrolled
-
-            return raw_enrolled(self, settings, now, deadline)
-        from lossspike.evaluate import enrolled_from_groups, rollup_query
-
+            runs = raw_enrolled(self, settings, now, deadline)
+            if changed:
+                overrides = self._cache_overrides(self.read_overrides(now, deadline))
+            return TickRead(runs, overrides)
         query = rollup_query(BIGQUERY, settings, now)
-        groups = self._read(f"{refresh_statement(rollup)}\n{query.sql}", query.params, "rollup", deadline)
-        return enrolled_from_groups(groups)
+        sql = query.sql
+        if changed:
+            sql = with_rows_of(sql, TICK_GROUP_TYPES, self._overrides_table, OVERRIDE_TYPES)
+        result = self._read(f"{refresh_statement(rollup)}\n{sql}", query.params, "rollup", deadline)
+        if changed:
+            other = result.column(OTHER_ROWS).to_numpy(zero_copy_only=False).astype(bool)
+            rows = result.filter(pa.array(other)).select([f"other_{n}" for n in OVERRIDE_TYPES])
+            overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES))))
+            result = result.filter(pa.array(~other))
+        return TickRead(enrolled_from_groups(result), overrides)
+
+    def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
+        """Every override row written at or before `until`; none when the table does not exist."""
+        query = overrides_query(BIGQUERY, self._overrides_table, until)
+        try:
+            return rows_from_arrow(self._read(query.sql, query.params, "overrides", deadline))
+        except StoreError as error:
+            if isinstance(error.__cause__, NotFound):
+                return []
+            raise
+
+    def _overrides_state(self) -> tuple[list[OverrideRow], bool]:
+        """(the cached override rows, whether the table changed since they were read)."""
+        try:
+            table = self.client.get_table(self._overrides_table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS)
+        except NotFound:
+            self._overrides = (None, [])
+            return [], False
+        except _FAILURES as error:
+            raise StoreError(f"cannot read the metadata of {self._overrides_table}: {_one_line(error)}") from error
+        self._overrides_seen = table.modified
+        cached_at, rows = self._overrides
+        return rows, cached_at is None or cached_at != table.modified
+
+    def _cache_overrides(self, rows: list[OverrideRow]) -> list[OverrideRow]:
+        self._overrides = (self._overrides_seen, rows)
+        return rows
 
     def write_alerts(self, rows: list[dict[str, Any]], deadline: Deadline | None = None) -> int:
         """Write one evaluation's rows: an insert, or a replacement of an earlier write of that time.

@@ -1,4 +1,4 @@
-"""The `lossspike` command line: evaluate, demo, sql, config, backtest, plot."""
+"""The `lossspike` command line: evaluate, demo, sql, config, backtest, plot, silence, override(s)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ _RULE_FLAGS = (
     "min_baseline_samples",
     "min_recent_samples",
     "reference",
+    "stall_minutes",
 )
 
 
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a second rule: these thresholds over the first's, e.g. --compare sigma=4 --compare reference=floor",
     )
+    backtest.add_argument(
+        "--ignore-overrides", action="store_true", help="the bare rule: apply no override or silence row"
+    )
     _add_rule_flags(backtest)
 
     plot = commands.add_parser("plot", help="draw a run's loss, band, floor and alert episodes to a PNG")
@@ -103,7 +107,269 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--cluster", help="cluster of the run, when its ID is on several ('unknown' for none)")
     _add_history_flags(plot, "hour")
     _add_rule_flags(plot)
+    _add_override_commands(commands)
     return parser
+
+
+# --- overrides and silences: lossspike silence / override / overrides ----------
+
+# The thresholds a team may set per run (lossspike.overrides.THRESHOLD_COLUMNS).
+_OVERRIDE_FLAGS = ("sigma", "min_rise", "min_baseline_samples", "min_recent_samples", "reference", "stall_minutes")
+# `--for 90m`, `--for 2h`, `--for 1d`: the units a silence is thought of in.
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _add_override_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run ID, matched literally unless --pattern")
+    parser.add_argument("--pattern", action="store_true", help="RUN is a SQL LIKE pattern (\\ escapes %% and _)")
+    parser.add_argument("--cluster", help="only the run on this cluster ('unknown' for none) [any cluster]")
+    parser.add_argument("--note", required=True, help="why: shown in the run's alert rows and in `overrides`")
+    _add_override_backend(parser, "the row's created_at")
+
+
+def _add_override_backend(parser: argparse.ArgumentParser, now_help: str) -> None:
+    parser.add_argument(
+        "--database",
+        help=f"DuckDB file [$LOSSSPIKE_DATABASE or {default_text('database')}];"
+        " without it, $LOSSSPIKE_BACKEND picks duckdb or bigquery",
+    )
+    parser.add_argument("--now", help=f"{now_help}, RFC 3339 (default: the wall clock)")
+
+
+def _add_override_commands(commands: Any) -> None:
+    silence = commands.add_parser("silence", help="silence a run for a while, or mark it finished")
+    _add_override_target(silence)
+    how = silence.add_mutually_exclusive_group(required=True)
+    how.add_argument("--for", dest="duration", metavar="DURATION", help="e.g. 90m, 2h, 1d")
+    how.add_argument("--until", metavar="RFC3339", help="the time the run pages again")
+    how.add_argument("--clear", action="store_true", help="end the silence in force now")
+    how.add_argument("--finished", action="store_true", help="the run ended on purpose: never page for it")
+    how.add_argument("--unfinished", action="store_true", help="undo --finished")
+
+    override = commands.add_parser("override", help="set a run's thresholds (NULL columns keep the value in force)")
+    _add_override_target(override)
+    by_key = {o.key: o for o in OPTIONS}
+    for key in _OVERRIDE_FLAGS:
+        option = by_key[key]
+        override.add_argument(option.flag, dest=key, metavar=key.upper(), help=f"{option.help} [{default_text(key)}]")
+
+    listing = commands.add_parser("overrides", help="list the override rows in force, newest first")
+    listing.add_argument("--all", action="store_true", help="every row written up to --now, newest first")
+    listing.add_argument("--format", choices=("table", "json"), default="table")
+    _add_override_backend(listing, "list as of this time")
+
+
+def _duration(text: str) -> timedelta:
+    number, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    if unit not in _DURATION_UNITS or not number.isdigit() or int(number) < 1:
+        raise ConfigError(f"--for {text!r}: expected a positive whole number and a unit s, m, h or d, e.g. 2h")
+    return timedelta(seconds=int(number) * _DURATION_UNITS[unit])
+
+
+class _OverrideTable:
+    """The overrides table on the configured backend: insert a row, read the rows, list watched runs."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from lossspike.overrides import overrides_table_name
+
+        # The environment's settings only: an override's own threshold flags are the row, not the base.
+        where = {"database": args.database, "backend": "duckdb" if args.database else None}
+        self.settings = load_settings(os.environ, where)
+        self.table = overrides_table_name(self.settings.alerts_table)
+        self.client: Any = None
+        self.account: str | None = None
+        if self.settings.backend == "bigquery":
+            from lossspike import overrides
+            from lossspike.evaluate import StoreError
+
+            try:
+                self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
+            except Exception as error:  # noqa: BLE001 - missing credentials or extras: one line, not a traceback
+                reason = " ".join(str(error).split()) or type(error).__name__
+                raise StoreError(f"cannot open BigQuery: {reason}") from None
+
+    def _duckdb(self, read_only: bool) -> Any:
+        from lossspike.duckdb_store import DuckDBStore
+
+        s = self.settings
+        return DuckDBStore(s.database, s.telemetry_table, s.alerts_table, read_only=read_only)
+
+    def where(self) -> str:
+        return self.table if self.client is not None else f"{self.table} in {self.settings.database}"
+
+    def created_by(self) -> str:
+        from lossspike.overrides import os_user
+
+        return self.account or os_user()
+
+    def insert(self, row: Any) -> None:
+        from lossspike import overrides
+        from lossspike.evaluate import StoreError
+
+        if self.client is None:
+            with self._duckdb(read_only=False) as store:
+                overrides.write_duckdb(store.connection, self.table, row)
+            return
+        try:
+            overrides.write_bigquery(self.client, self.table, row, self.settings.location)
+        except Exception as error:  # noqa: BLE001 - any client failure is one line for the user
+            raise StoreError(f"writing {self.table} failed: {' '.join(str(error).split())}") from None
+
+    def read(self, now: datetime) -> list[Any]:
+        from lossspike import overrides
+        from lossspike.evaluate import StoreError
+
+        if self.client is None:
+            with self._duckdb(read_only=True) as store:
+                return overrides.read_duckdb(store.connection, self.table, now)
+        try:
+            return overrides.read_bigquery(self.client, self.table, now, self.settings.location)
+        except Exception as error:  # noqa: BLE001 - any client failure is one line for the user
+            raise StoreError(f"reading {self.table} failed: {' '.join(str(error).split())}") from None
+
+    def watched_runs(self, now: datetime) -> list[tuple[str, str]]:
+        """The (cluster, run) pairs enrolled at `now`: what a new row can match."""
+        from lossspike.evaluate import window_query
+        from lossspike.rule import enrolled_runs
+
+        if self.client is None:
+            with self._duckdb(read_only=True) as store:
+                result = store.fetch(window_query(store, self.settings, now))
+        else:
+            from lossspike.bigquery_store import BigQueryStore
+
+            store = BigQueryStore(self.settings, self.client)
+            result = store.fetch(window_query(store, self.settings, now))
+        return [(r.cluster, r.run) for r in enrolled_runs(result)]
+
+
+def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
+    from lossspike.overrides import UNKNOWN_CLUSTER, OverrideRow, escape_like
+
+    if not args.run.strip():
+        raise ConfigError("RUN must not be empty")
+    if not args.note.strip():
+        raise ConfigError("--note must not be empty: say why, for whoever reads the alert next")
+    cluster = None if args.cluster is None else (args.cluster.strip() or UNKNOWN_CLUSTER)
+    pattern = args.run if args.pattern else escape_like(args.run)
+    return OverrideRow(
+        run_pattern=pattern,
+        cluster=cluster,
+        note=args.note.strip(),
+        created_by=table.created_by(),
+        created_at=now,
+        **values,
+    )
+
+
+def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
+    from lossspike.evaluate import StoreError
+    from lossspike.overrides import matches
+
+    table.insert(row)
+    sys.stdout.write(f"wrote to {table.where()}: {_describe_override(row)}\n")
+    try:
+        watched = table.watched_runs(now)
+    except StoreError as error:
+        sys.stdout.write(f"could not list the watched runs to check the match: {error}\n")
+        return 0
+    hits = [f"{cluster}/{run}" for cluster, run in watched if matches(row, cluster, run)]
+    if hits:
+        sys.stdout.write(f"applies to {len(hits)} watched run(s): {', '.join(hits)}\n")
+    else:
+        sys.stdout.write(
+            "note: it matches no run watched now; it applies once a matching run is enrolled"
+            " (check the name, the cluster and --pattern)\n"
+        )
+    return 0
+
+
+def _describe_override(row: Any) -> str:
+    from lossspike.overrides import RESOLVED_COLUMNS
+
+    parts = [f"run {row.run_pattern!r}", f"cluster {row.cluster or 'any'}"]
+    for column in RESOLVED_COLUMNS:
+        value = getattr(row, column)
+        if value is None or column == "note":
+            continue
+        if isinstance(value, datetime):
+            value = format_rfc3339(value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        parts.append(f"{column}={value}")
+    return ", ".join(parts) + (f" ({row.note})" if row.note else "")
+
+
+def _cmd_silence(args: argparse.Namespace) -> int:
+    now = _now(args)
+    values: dict[str, Any] = {}
+    if args.duration is not None:
+        values["silenced_until"] = now + _duration(args.duration)
+    elif args.until is not None:
+        try:
+            until = parse_rfc3339(args.until)
+        except ValueError as error:
+            raise ConfigError(f"--until: {error}") from None
+        if until <= now:
+            raise ConfigError(f"--until {args.until}: not after now ({format_rfc3339(now)}); --clear ends a silence")
+        values["silenced_until"] = until
+    elif args.clear:
+        # A silence that ended when it was written: newer than the silence it clears.
+        values["silenced_until"] = now
+    else:
+        values["finished"] = bool(args.finished)
+    table = _OverrideTable(args)
+    return _write_override(table, _override_row(args, table, now, **values), now)
+
+
+def _cmd_override(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+    from types import SimpleNamespace
+
+    from lossspike.rule import threshold_problems
+    from lossspike.settings import OPTIONS_BY_KEY
+
+    given = {key: getattr(args, key) for key in _OVERRIDE_FLAGS if getattr(args, key) is not None}
+    if not given:
+        flags = ", ".join(OPTIONS_BY_KEY[k].flag for k in _OVERRIDE_FLAGS)
+        raise ConfigError(f"override sets nothing: give at least one of {flags}")
+    values: dict[str, Any] = {}
+    problems = []
+    for key, raw in given.items():
+        try:
+            values[key] = OPTIONS_BY_KEY[key].parse(raw)
+        except ValueError as error:
+            problems.append(f"{OPTIONS_BY_KEY[key].flag}={raw!r}: {error}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    table = _OverrideTable(args)
+    base = table.settings.thresholds
+    merged = {f.name: values.get(f.name, getattr(base, f.name)) for f in fields(base)}
+    problems = threshold_problems(SimpleNamespace(**merged))
+    if problems:
+        raise ConfigError("override refused: " + "; ".join(problems))
+    now = _now(args)
+    return _write_override(table, _override_row(args, table, now, **values), now)
+
+
+def _cmd_overrides(args: argparse.Namespace) -> int:
+    from lossspike.overrides import in_force
+
+    now = _now(args)
+    table = _OverrideTable(args)
+    rows = table.read(now)
+    shown = sorted(rows, key=lambda r: r.created_at, reverse=True) if args.all else in_force(rows, now)
+    if args.format == "json":
+        listed = [
+            {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in r.values().items()} for r in shown
+        ]
+        sys.stdout.write(json.dumps(listed, indent=2) + "\n")
+        return 0
+    what = "every override row" if args.all else "override rows in force"
+    sys.stdout.write(f"{what} at {format_rfc3339(now)} in {table.where()}: {len(shown)}\n")
+    for row in shown:
+        sys.stdout.write(f"  {format_rfc3339(row.created_at)}  {row.created_by or '-'}  {_describe_override(row)}\n")
+    return 0
 
 
 def _add_history_flags(parser: argparse.ArgumentParser, default_span: str) -> None:
@@ -205,7 +471,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"Each hero run's last {t.recent_minutes} minutes of train_loss are compared with its trailing"
         f" {t.baseline_minutes}-minute baseline.\nA run pages (page = 1) when the floor of its recent window"
         f" rises above band = reference + max({t.min_rise}, {t.sigma} x stddev),\n"
-        "or when any recent loss is NaN or infinite.\n\n"
+        f"when any recent loss is NaN or infinite, or when no loss arrived for {t.stall_minutes} minutes.\n"
+        "A silenced run (lossspike silence) keeps its reason with page 0.\n\n"
     )
     out.write(render(rows, "table"))
     out.write("\nWhat each run shows:\n")
@@ -283,7 +550,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     names = ["A", "B"] if len(variants) > 1 else ["rule"]
     store = open_store(settings, read_only=True)
     try:
-        results = backtest(store, settings, ticks, variants)
+        results = backtest(store, settings, ticks, variants, overrides=not args.ignore_overrides)
     finally:
         store.close()
     if args.format == "json":
@@ -316,6 +583,9 @@ _COMMANDS = {
     "config": _cmd_config,
     "backtest": _cmd_backtest,
     "plot": _cmd_plot,
+    "silence": _cmd_silence,
+    "override": _cmd_override,
+    "overrides": _cmd_overrides,
 }
 
 

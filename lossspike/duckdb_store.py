@@ -13,17 +13,20 @@ import duckdb
 import pyarrow as pa
 
 from lossspike.deadline import Deadline
-from lossspike.rule import EnrolledRun
+from lossspike.overrides import OverrideRow, overrides_query, overrides_table_name, rows_from_arrow, table_exists_duckdb
+from lossspike.rule import enrolled_runs
 from lossspike.schema import (
     ALERT_COLUMNS,
+    ALERTS_SCHEMA,
     TELEMETRY_COLUMNS,
     alerts_table_ddl,
     alerts_to_arrow,
+    alter_add_column,
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
 from lossspike.sql import DUCKDB, Query, quote_table
-from lossspike.store import StoreError
+from lossspike.store import StoreError, TickRead
 
 # Times are compared and truncated in UTC whatever the process time zone, which
 # DuckDB otherwise takes as its session time zone.
@@ -57,6 +60,7 @@ class DuckDBStore:
             raise StoreError(f"database file not found: {self.path}")
         self.telemetry_table = telemetry_table
         self.alerts_table = alerts_table
+        self.overrides_table = overrides_table_name(alerts_table)
         self.read_only = read_only
         self._lock = threading.RLock()
         self._identity: tuple[int, int] | None = None
@@ -149,11 +153,34 @@ class DuckDBStore:
             except duckdb.Error as error:
                 raise StoreError(f"query on {self.telemetry_table!r} failed: {_first_line(error)}") from None
 
-    def enrolled(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[EnrolledRun]:
-        """The watched runs and their windows: the raw query, exact and fast enough on DuckDB."""
-        from lossspike.evaluate import raw_enrolled
+    def read_tick(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> TickRead:
+        """The watched runs (the raw query: exact, and fast on DuckDB) and the override rows
+        written by `now`, in one transaction, so both come from one snapshot."""
+        from lossspike.evaluate import window_query
 
-        return raw_enrolled(self, settings, now, deadline)
+        with self._lock:
+            self._ensure_open()
+            connection = self.connection
+            connection.execute("BEGIN TRANSACTION")
+            try:
+                runs = enrolled_runs(self.fetch(window_query(self.dialect, settings, now), deadline))
+                overrides = []
+                if table_exists_duckdb(connection, self.overrides_table):
+                    rows = self.fetch(overrides_query(self.dialect, self.overrides_table, now), deadline)
+                    overrides = rows_from_arrow(rows)
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+        return TickRead(runs, overrides)
+
+    def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
+        """Every override row written at or before `until`; none when the table does not exist."""
+        with self._lock:
+            self._ensure_open()
+            if not table_exists_duckdb(self.connection, self.overrides_table):
+                return []
+            return rows_from_arrow(self.fetch(overrides_query(self.dialect, self.overrides_table, until), deadline))
 
     def last_cost(self) -> dict[str, Any]:
         """DuckDB bills nothing; the tick's log measures the time itself."""
@@ -181,6 +208,11 @@ class DuckDBStore:
         connection = self.connection
         connection.execute(alerts_table_ddl(table))
         present = self._columns(self.alerts_table)
+        # A file written by an older version lacks the newer nullable columns: add them.
+        for column in ALERTS_SCHEMA:
+            if column["name"] not in present and column["mode"] == "NULLABLE":
+                self.connection.execute(alter_add_column(table, column))
+                present[column["name"]] = column["type"]
         missing = [c for c in ALERT_COLUMNS if c not in present]
         if missing:
             raise StoreError(f"table {self.alerts_table!r} in {self.path} lacks column(s): {', '.join(missing)}")

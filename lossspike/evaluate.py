@@ -14,12 +14,13 @@ import pyarrow as pa
 
 from lossspike import minutes
 from lossspike.deadline import Deadline
+from lossspike.overrides import run_policies
 from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows, alert_rows, enrolled_runs
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, bucket_groups_query, loss_window_query, window_bounds
-from lossspike.store import Store, StoreError
+from lossspike.store import Store, StoreError, TickRead
 
-__all__ = ["StoreError", "evaluate", "raw_enrolled", "rollup_enrolled", "rollup_query", "window_query"]
+__all__ = ["StoreError", "evaluate", "judge", "raw_enrolled", "rollup_enrolled", "rollup_query", "window_query"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -36,12 +37,18 @@ def raw_enrolled(
     return enrolled_runs(store.fetch(window_query(store.dialect, settings, now), deadline))
 
 
+def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, Any]]:
+    """The alert rows of a tick's read: every run judged with the overrides in force for it."""
+    policies = run_policies(((r.cluster, r.run) for r in read.runs), read.overrides, now, settings.thresholds)
+    return alert_rows(read.runs, now, settings.thresholds, policies)
+
+
 def evaluate(store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[dict[str, Any]]:
     """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row.
 
     A tick passes its `deadline` on to the store's reads.
     """
-    return alert_rows(store.enrolled(settings, now, deadline), now, settings.thresholds)
+    return judge(store.read_tick(settings, now, deadline), settings, now)
 
 
 def rollup_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:

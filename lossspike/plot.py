@@ -18,14 +18,14 @@ import numpy as np
 
 from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest
 from lossspike.report import describe
-from lossspike.rule import NON_FINITE_MAGNITUDE, NOT_FINITE, SPIKING, WARMING_UP, band, is_finite, reference
+from lossspike.rule import NON_FINITE_MAGNITUDE, NOT_FINITE, SPIKING, STALLED, WARMING_UP, band, is_finite, reference
 from lossspike.settings import Settings
 from lossspike.sql import run_samples_query
 from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
 # One colour per reason, shared by the shading and the legend.
-REASON_COLOURS = {SPIKING: "#d62728", NOT_FINITE: "#9467bd", WARMING_UP: "#bdbdbd"}
+REASON_COLOURS = {SPIKING: "#d62728", NOT_FINITE: "#9467bd", STALLED: "#8c564b", WARMING_UP: "#bdbdbd"}
 _SAMPLES = "#7fa7cf"
 _REFERENCE = "#444444"
 _BAND = "#ff7f0e"
@@ -115,9 +115,11 @@ def plot_run(
         )
 
     levels, limits, floors = [], [], []
-    for windows in history.windows or []:
-        levels.append(_value(None if windows is None else reference(windows, t)))
-        limits.append(_value(None if windows is None else band(windows, t)))
+    for windows, policy in zip(history.windows or [], history.policies or [], strict=True):
+        # The band at each tick is the one the overrides then in force gave the run.
+        rule = t if policy is None else policy.thresholds
+        levels.append(_value(None if windows is None else reference(windows, rule)))
+        limits.append(_value(None if windows is None else band(windows, rule)))
         floors.append(_value(None if windows is None else windows.recent_floor))
     levels_a, limits_a, floors_a = (np.array(x, dtype=float) for x in (levels, limits, floors))
 

@@ -74,8 +74,13 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
         return json.dumps([jsonable(r) for r in rows], indent=2, allow_nan=False) + "\n"
     if fmt == "jsonl":
         return "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in rows)
-    header = [title for _, title in _TABLE_COLUMNS]
-    body = [[_cell(row.get(key)) for key, _ in _TABLE_COLUMNS] for row in rows]
+    # A silenced run's page reads "0 silenced"; the note column appears only when some run has one.
+    columns = [*_TABLE_COLUMNS, ("note", "note")] if any(row.get("note") for row in rows) else _TABLE_COLUMNS
+    header = [title for _, title in columns]
+    body = [
+        [_cell(row.get(key)) + (" silenced" if key == "value" and row.get("silenced") else "") for key, _ in columns]
+        for row in rows
+    ]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()

@@ -4,27 +4,31 @@ A run pages when the floor (minimum) of its last few minutes of loss clears its
 trailing reference plus a band. Every step of the recent window has to be above
 the band for its floor to be, so a single excursion, which Levanter's skip-step
 optimizer already discards, stays quiet, and a level that shifts up and stays
-pages. Nothing here touches a database: the SQL builder reduces the raw samples,
-this module judges the reductions.
+pages. A run whose loss stops arriving (a hung step, a stuck loader, a crash
+without a restart) pages as stalled. Nothing here touches a database: the SQL
+builder reduces the raw samples, this module judges the reductions, and the
+overrides in force reach it as one RunPolicy per run.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 
 WARMING_UP = "warming_up"
 NOT_FINITE = "not_finite"
+STALLED = "stalled"
 SPIKING = "spiking"
 HEALTHY = "healthy"
 # In the order the rule tries them; the first that matches wins.
-REASONS = (NOT_FINITE, WARMING_UP, SPIKING, HEALTHY)
+REASONS = (NOT_FINITE, STALLED, WARMING_UP, SPIKING, HEALTHY)
 # The reasons worth a page, each its own Cloud Monitoring series per run.
-PAGING_REASONS = (SPIKING, NOT_FINITE)
+PAGING_REASONS = (SPIKING, NOT_FINITE, STALLED)
 REFERENCES = ("mean", "floor")
 # A loss at or beyond this magnitude counts as non-finite (SPEC.md): no model trains
 # there, and past it a sum of squares overflows in some engine, so defining it on the
@@ -54,6 +58,9 @@ class Thresholds:
     min_recent_samples: int = 5
     # "mean" follows Marin's code and runbook; "floor" is stricter against slow drift.
     reference: str = "mean"
+    # SPEC's default: longer than a checkpoint save or an eval pause, short enough that a
+    # hung collective pages well within the hour it stays enrolled. 0 turns the check off.
+    stall_minutes: int = 15
 
     def __post_init__(self) -> None:
         problems = threshold_problems(self)
@@ -76,6 +83,12 @@ def threshold_problems(t: Any) -> list[str]:
         problems.append(
             f"recent_minutes ({t.recent_minutes}) must be less than baseline_minutes ({t.baseline_minutes})"
         )
+    stall = t.stall_minutes
+    if isinstance(stall, bool) or not isinstance(stall, int) or stall < 0:
+        problems.append(f"stall_minutes must be an integer >= 0, got {stall!r}")
+    elif isinstance(t.baseline_minutes, int) and stall >= t.baseline_minutes:
+        # A run silent for the whole baseline is no longer enrolled, so it could never read stalled.
+        problems.append(f"stall_minutes ({stall}) must be less than baseline_minutes ({t.baseline_minutes})")
     if t.reference not in REFERENCES:
         problems.append(f"reference must be one of {', '.join(REFERENCES)}, got {t.reference!r}")
     return problems
@@ -94,6 +107,8 @@ class LossWindows:
     recent_mean: float | None = None
     recent_floor: float | None = None
     recent_peak: float | None = None
+    # The newest loss sample (any non-NULL value, NaN included) in the whole hour.
+    last_loss_at: datetime | None = None
 
 
 WINDOW_FIELDS = tuple(LossWindows.__dataclass_fields__)
@@ -118,6 +133,11 @@ def _number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    # DuckDB hands TIMESTAMPTZ back in the session's time zone; rows are written in UTC.
+    return None if moment is None else moment.astimezone(UTC)
+
+
 def enrolled_runs(result: pa.Table) -> list[EnrolledRun]:
     """Turn the query result into enrolled runs, sorted by (cluster, run)."""
     runs = []
@@ -132,6 +152,7 @@ def enrolled_runs(result: pa.Table) -> list[EnrolledRun]:
             recent_mean=_number(row["recent_mean"]),
             recent_floor=_number(row["recent_floor"]),
             recent_peak=_number(row["recent_peak"]),
+            last_loss_at=_utc(row.get("last_loss_at")),
         )
         runs.append(EnrolledRun(str(row["cluster"]), str(row["run_id"]), str(row["job"] or ""), windows))
     # Engines order strings differently; Python's code-point order is the contract.
@@ -155,13 +176,32 @@ def band(windows: LossWindows, thresholds: Thresholds) -> float | None:
     return level + max(thresholds.min_rise, thresholds.sigma * spread)
 
 
-def loss_spike_reason(windows: LossWindows | None, thresholds: Thresholds) -> tuple[str, int]:
-    """Return the run's reason and its paging value, first match wins."""
+def is_stalled(last_loss_at: datetime | None, now: datetime, thresholds: Thresholds) -> bool:
+    """True when the run's newest loss sample is older than now - stall_minutes.
+
+    A run with no loss sample in the hour is not stalled: it has nothing that stopped.
+    """
+    if thresholds.stall_minutes == 0 or last_loss_at is None:
+        return False
+    return last_loss_at < now - timedelta(minutes=thresholds.stall_minutes)
+
+
+def loss_spike_reason(
+    windows: LossWindows | None, thresholds: Thresholds, now: datetime | None = None
+) -> tuple[str, int]:
+    """Return the run's reason and its paging value, first match wins.
+
+    The stall check needs the evaluation time; without `now` it is skipped (a
+    caller that has no newest-sample time cannot judge it).
+    """
     if windows is None:
         return WARMING_UP, 0
     # A NaN loss is never noise, so it pages even before the baseline fills.
     if windows.recent_not_finite > 0:
         return NOT_FINITE, 1
+    # Before warming_up: a run that logged ten minutes and died is a page, not a warm-up.
+    if now is not None and is_stalled(windows.last_loss_at, now, thresholds):
+        return STALLED, 1
     if (
         windows.baseline_samples < thresholds.min_baseline_samples
         or windows.recent_samples < thresholds.min_recent_samples
@@ -174,6 +214,16 @@ def loss_spike_reason(windows: LossWindows | None, thresholds: Thresholds) -> tu
     return HEALTHY, 0
 
 
+@dataclass(frozen=True)
+class RunPolicy:
+    """What the overrides in force make of one run: its thresholds, whether it pages, the note."""
+
+    thresholds: Thresholds
+    # A silenced run keeps its real reason in its row, with value 0.
+    silenced: bool = False
+    note: str | None = None
+
+
 def is_fleet_row(row: dict[str, Any]) -> bool:
     """True for the placeholder row of an evaluation that enrolled no run."""
     return row["cluster"] == FLEET_CLUSTER and row["run"] == ""
@@ -182,11 +232,17 @@ def is_fleet_row(row: dict[str, Any]) -> bool:
 def fleet_row(now: datetime) -> dict[str, Any]:
     """The single row written when no run is enrolled."""
     empty = LossWindows()
-    return _row(now, EnrolledRun(FLEET_CLUSTER, "", "", empty), HEALTHY, 0, None, None)
+    return _row(now, EnrolledRun(FLEET_CLUSTER, "", "", empty), HEALTHY, 0, None, None, RunPolicy(Thresholds()))
 
 
 def _row(
-    now: datetime, run: EnrolledRun, reason: str, value: int, level: float | None, limit: float | None
+    now: datetime,
+    run: EnrolledRun,
+    reason: str,
+    value: int,
+    level: float | None,
+    limit: float | None,
+    policy: RunPolicy,
 ) -> dict[str, Any]:
     w = run.windows
     return {
@@ -199,13 +255,28 @@ def _row(
         **{name: getattr(w, name) for name in WINDOW_FIELDS},
         "reference": level,
         "band": limit,
+        "silenced": policy.silenced,
+        "note": policy.note,
     }
 
 
-def alert_rows(runs: list[EnrolledRun], now: datetime, thresholds: Thresholds) -> list[dict[str, Any]]:
-    """Project every enrolled run into its alert row; the fleet row when there is none."""
+def alert_rows(
+    runs: list[EnrolledRun],
+    now: datetime,
+    thresholds: Thresholds,
+    policies: Mapping[tuple[str, str], RunPolicy] | None = None,
+) -> list[dict[str, Any]]:
+    """Project every enrolled run into its alert row; the fleet row when there is none.
+
+    `policies` maps (cluster, run) to the overrides in force for that run; a run
+    without one is judged on `thresholds` and pages normally.
+    """
+    default = RunPolicy(thresholds)
     rows = []
     for run in runs:
-        reason, value = loss_spike_reason(run.windows, thresholds)
-        rows.append(_row(now, run, reason, value, reference(run.windows, thresholds), band(run.windows, thresholds)))
+        policy = (policies or {}).get((run.cluster, run.run), default)
+        t = policy.thresholds
+        reason, value = loss_spike_reason(run.windows, t, now)
+        value = 0 if policy.silenced else value
+        rows.append(_row(now, run, reason, value, reference(run.windows, t), band(run.windows, t), policy))
     return rows or [fleet_row(now)]

@@ -96,8 +96,15 @@ _ARROW_TYPES = {
     "STRING": pa.string(),
     "INTEGER": pa.int64(),
     "FLOAT": pa.float64(),
+    "BOOLEAN": pa.bool_(),
 }
-_DUCKDB_TYPES = {"TIMESTAMP": "TIMESTAMPTZ", "STRING": "VARCHAR", "INTEGER": "BIGINT", "FLOAT": "DOUBLE"}
+_DUCKDB_TYPES = {
+    "TIMESTAMP": "TIMESTAMPTZ",
+    "STRING": "VARCHAR",
+    "INTEGER": "BIGINT",
+    "FLOAT": "DOUBLE",
+    "BOOLEAN": "BOOLEAN",
+}
 
 ALERTS_ARROW_SCHEMA = pa.schema(
     [pa.field(c["name"], _ARROW_TYPES[c["type"]], nullable=c["mode"] != "REQUIRED") for c in ALERTS_SCHEMA]
@@ -111,6 +118,11 @@ def alerts_table_ddl(table: str) -> str:
         for c in ALERTS_SCHEMA
     )
     return f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns}\n)"
+
+
+def alter_add_column(table: str, column: dict[str, str]) -> str:
+    """ALTER TABLE adding one nullable alert column in DuckDB; `table` must be pre-quoted."""
+    return f'ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "{column["name"]}" {_DUCKDB_TYPES[column["type"]]}'
 
 
 def telemetry_table_ddl(table: str) -> str:

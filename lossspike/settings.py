@@ -90,6 +90,16 @@ def _window_minutes(value: str) -> int:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ValueError("must be an integer >= 0") from None
+    if number < 0:
+        raise ValueError("must be an integer >= 0")
+    return number
+
+
 def _non_negative_float(value: str) -> float:
     try:
         number = float(value.strip())
@@ -171,6 +181,7 @@ OPTIONS = (
     Option("min_baseline_samples", _positive_int, "Finite baseline samples before judging."),
     Option("min_recent_samples", _positive_int, "Recent samples before judging."),
     Option("reference", _choice(REFERENCES), "Baseline reference: mean or floor."),
+    Option("stall_minutes", _non_negative_int, "Minutes without a loss sample before a run is stalled; 0 is off."),
 )
 OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}
 _GROUPS = {

@@ -219,7 +219,8 @@ SELECT
   {d.count_if.format("is_loss AND recent AND NOT finite")} AS recent_not_finite,
   {stat("AVG", recent)} AS recent_mean,
   {stat("MIN", recent)} AS recent_floor,
-  {stat("MAX", recent)} AS recent_peak
+  {stat("MAX", recent)} AS recent_peak,
+  MAX({d.if_.format("is_loss", "timestamp")}) AS last_loss_at
 FROM samples
 GROUP BY cluster, run_id"""
     return Query(sql, params)
@@ -498,3 +499,44 @@ def rollup_view_template() -> str:
     for stand_in, placeholder in _TEMPLATE_VALUES.items():
         text = text.replace(stand_in, placeholder)
     return text + "\n"
+
+
+# The GoogleSQL types of the rollup read's columns (bucket_groups_query with recent_start),
+# so that other rows can share its result (`with_rows_of`).
+TICK_GROUP_TYPES = {
+    "run_cluster": "STRING",
+    "run_id": "STRING",
+    "recent": "BOOL",
+    "loss_base": "FLOAT64",
+    "samples": "INT64",
+    "loss_samples": "INT64",
+    "loss_not_finite": "INT64",
+    "loss_finite": "INT64",
+    "loss_sum": "FLOAT64",
+    "loss_sum_squares": "FLOAT64",
+    "loss_floor": "FLOAT64",
+    "loss_peak": "FLOAT64",
+    "last_loss_at": "TIMESTAMP",
+    "job": "STRING",
+    "job_at": "TIMESTAMP",
+}
+# Marks the rows of the second table in a `with_rows_of` result.
+OTHER_ROWS = "other_rows"
+
+
+def with_rows_of(main_sql: str, main_types: dict[str, str], table: str, table_types: dict[str, str]) -> str:
+    """`main_sql`'s rows and every row of `table` in one result (BigQuery): a script job returns
+    only its last statement's rows, so a tick reads its overrides in the same statement.
+
+    The table's columns come back prefixed `other_`; OTHER_ROWS is true on its rows.
+    """
+
+    def nulls(types: dict[str, str], prefix: str = "") -> list[str]:
+        return [f"CAST(NULL AS {kind}) AS {prefix}{name}" for name, kind in types.items()]
+
+    mine = [*main_types, *nulls(table_types, "other_"), f"FALSE AS {OTHER_ROWS}"]
+    theirs = [*nulls(main_types), *(f"{name} AS other_{name}" for name in table_types), f"TRUE AS {OTHER_ROWS}"]
+    return (
+        f"SELECT {', '.join(mine)}\nFROM (\n{main_sql}\n)\nUNION ALL\n"
+        f"SELECT {', '.join(theirs)}\nFROM {quote_table(BIGQUERY, table)}"
+    )

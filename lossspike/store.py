@@ -7,12 +7,14 @@ plot and the function all open theirs with `open_store`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
 import pyarrow as pa
 
 from lossspike.deadline import Deadline
+from lossspike.overrides import OverrideRow
 from lossspike.rule import EnrolledRun
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query
@@ -20,6 +22,14 @@ from lossspike.sql import Dialect, Query
 
 class StoreError(RuntimeError):
     """A store cannot serve: missing file, table or column, or a failed job."""
+
+
+@dataclass(frozen=True)
+class TickRead:
+    """What a tick reads in one job: the watched runs with their windows, and the override rows."""
+
+    runs: list[EnrolledRun]
+    overrides: list[OverrideRow] = field(default_factory=list)
 
 
 class Store(Protocol):
@@ -31,8 +41,12 @@ class Store(Protocol):
         """Run one read-only query; its result as an Arrow table."""
         ...
 
-    def enrolled(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[EnrolledRun]:
-        """The watched runs at `now` with their windows, read in one job."""
+    def read_tick(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> TickRead:
+        """The watched runs at `now` with their windows and the override rows in force, in one job."""
+        ...
+
+    def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
+        """Every override row written at or before `until` (none without the table)."""
         ...
 
     def write_alerts(self, rows: list[dict[str, Any]], deadline: Deadline | None = None) -> int:

@@ -43,6 +43,25 @@ def _stats(values: list[float]) -> tuple[float | None, float | None, float | Non
     return mean, stddev, min(values)
 
 
+# --- stalled (issue #11): kept apart from the window statistics above ---------
+
+
+def last_loss_at(loss: list[Sample]) -> datetime | None:
+    """The newest loss sample in the hour, NaN included (the caller already dropped NULLs)."""
+    return max((s.timestamp for s in loss), default=None)
+
+
+def stalled(loss: list[Sample], now: datetime, t: Thresholds) -> bool:
+    """SPEC: some loss sample in the hour and the newest older than now - stall_minutes; 0 is off."""
+    newest = last_loss_at(loss)
+    return t.stall_minutes > 0 and newest is not None and now - newest > timedelta(minutes=t.stall_minutes)
+
+
+def _as_time(value: datetime | str | None) -> datetime | None:
+    """A row's time, whether the row came from Python or from a JSON response (RFC 3339)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else value
+
+
 def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection) -> list[dict]:
     """The alert rows SPEC.md asks for, sorted by (cluster, run). `job` is the set of acceptable jobs."""
     start = now - timedelta(minutes=t.baseline_minutes)
@@ -81,6 +100,8 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
         band = None if ref is None else ref + max(t.min_rise, t.sigma * spread)
         if not_finite:
             reason = "not_finite"
+        elif stalled(loss, now, t):
+            reason = "stalled"
         elif len(base) < t.min_baseline_samples or len(recent) < t.min_recent_samples:
             reason = "warming_up"
         elif recent_floor > band:
@@ -94,7 +115,7 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
                 "job": jobs,
                 "run": run,
                 "reason": reason,
-                "value": int(reason in ("not_finite", "spiking")),
+                "value": int(reason in ("not_finite", "stalled", "spiking")),
                 "baseline_samples": len(base),
                 "baseline_mean": mean,
                 "baseline_stddev": stddev,
@@ -106,6 +127,9 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
                 "recent_peak": max(recent_finite, default=None),
                 "reference": ref,
                 "band": band,
+                "last_loss_at": last_loss_at(loss),
+                "silenced": False,
+                "note": None,
             }
         )
     if not rows:
@@ -128,6 +152,9 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
                 "recent_peak": None,
                 "reference": None,
                 "band": None,
+                "last_loss_at": None,
+                "silenced": False,
+                "note": None,
             }
         )
     return rows
@@ -165,6 +192,7 @@ def assert_rows_match(actual: list[dict], wanted: list[dict], samples: list[Samp
         assert got["evaluated_at"] == want["evaluated_at"], where
         for key in ("baseline_samples", "recent_samples", "recent_not_finite"):
             assert got[key] == want[key], (where, key)
+        assert _as_time(got["last_loss_at"]) == want["last_loss_at"], (where, got["last_loss_at"])
         for key in STAT_KEYS:
             assert _close(got[key], want[key], scale), (where, key, got[key], want[key])
         if got["reason"] != want["reason"]:

@@ -85,6 +85,7 @@ thresholds = st.builds(
     min_baseline_samples=st.integers(1, 25),
     min_recent_samples=st.integers(1, 6),
     reference=st.sampled_from(["mean", "floor"]),
+    stall_minutes=st.sampled_from([0, 1, 15, 59]),
 )
 
 selections = st.one_of(

@@ -140,9 +140,9 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
     calls = []
 
     class Counting(DuckDBStore):
-        def fetch(self, query: Query) -> pa.Table:
+        def fetch(self, query: Query, deadline=None) -> pa.Table:
             calls.append(query)
-            return super().fetch(query)
+            return super().fetch(query, deadline)
 
     base, loose = Thresholds(), Thresholds(sigma=0.0, min_rise=0.01, reference="floor", baseline_minutes=90)
     with Counting(demo_db, read_only=True) as store:
@@ -192,7 +192,7 @@ class TranspiledBigQuery(DuckDBStore):
 
     dialect = BIGQUERY
 
-    def fetch(self, query: Query) -> pa.Table:
+    def fetch(self, query: Query, deadline=None) -> pa.Table:
         tree = sqlglot.parse_one(query.sql, read="bigquery", error_level=sqlglot.ErrorLevel.RAISE)
         assert {p.name for p in tree.find_all(sqlglot.exp.Parameter)} == set(query.params)
         [duck_sql] = sqlglot.transpile(query.sql, read="bigquery", write="duckdb")

@@ -202,6 +202,8 @@ def test_demo_shows_every_reason(tmp_path):
         "hero-qwen-32b": "spiking",
         "hero-gemma-2b": "not_finite",
         "hero-olmo-1b": "warming_up",
+        "hero-deepseek": "stalled",
+        "hero-phi-3": "spiking",
     }
 
 

@@ -310,6 +310,7 @@ def test_bad_requests_get_4xx(emulator, monitoring, monkeypatch):
 
 BAD_VALUES = {
     "LOSSSPIKE_BACKEND": "postgres",
+    "LOSSSPIKE_STALL_MINUTES": "-1",
     "LOSSSPIKE_DATABASE": " ",
     "LOSSSPIKE_PROJECT": " ",
     "LOSSSPIKE_LOCATION": "",
@@ -371,13 +372,13 @@ def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
     for _ in range(2):
         response = http.post("/", headers=SCHEDULE_HEADER)
         assert response.status_code == 200, response.json
-    assert response.json["counts"] == {"not_finite": 1, "warming_up": 1, "spiking": 1, "healthy": 2}
+    assert response.json["counts"] == {"not_finite": 1, "stalled": 1, "warming_up": 1, "spiking": 2, "healthy": 2}
     assert set(response.json["sinks"]) == {"alerts_table"}
     sys.modules["main"]._BACKEND[0].store.close()
     import duckdb
 
     with duckdb.connect(str(database), read_only=True) as connection:
-        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (5,)
+        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (7,)
 
 
 def test_cold_start_imports_only_what_a_tick_needs():

@@ -21,7 +21,7 @@ class TranspiledBigQuery(DuckDBStore):
 
     dialect = BIGQUERY
 
-    def fetch(self, query: Query) -> pa.Table:
+    def fetch(self, query: Query, deadline=None) -> pa.Table:
         [duck_sql] = sqlglot.transpile(query.sql, read="bigquery", write="duckdb")
         return self.connection.sql(duck_sql, params=query.params).to_arrow_table()
 

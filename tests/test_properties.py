@@ -23,5 +23,5 @@ def test_one_row_per_run_and_cluster(samples):
     rows = evaluate_samples(samples)
     keys = [(r["cluster"], r["run"]) for r in rows]
     assert len(keys) == len(set(keys)) >= 1
-    assert all(r["reason"] in ("warming_up", "not_finite", "spiking", "healthy") for r in rows)
-    assert all(r["value"] == int(r["reason"] in ("spiking", "not_finite")) for r in rows)
+    assert all(r["reason"] in ("warming_up", "not_finite", "stalled", "spiking", "healthy") for r in rows)
+    assert all(r["value"] == int(r["reason"] in ("spiking", "not_finite", "stalled")) for r in rows)

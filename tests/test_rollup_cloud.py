@@ -122,8 +122,8 @@ def test_rollup_verdicts_equal_the_raw_query_at_every_tick(emulator, history):
         pending = [(s, delay) for s, delay in pending if s.timestamp + delay > tick]
         deployment.insert(due)
         arrived += due
-        merged = alert_rows(deployment.rollup.enrolled(deployment.settings, tick), tick, thresholds)
-        raw = alert_rows(deployment.raw.enrolled(deployment.settings, tick), tick, thresholds)
+        merged = alert_rows(deployment.rollup.read_tick(deployment.settings, tick).runs, tick, thresholds)
+        raw = alert_rows(deployment.raw.read_tick(deployment.settings, tick).runs, tick, thresholds)
         assert_rows_match(merged, expected(arrived, tick, thresholds, selection), arrived)
         assert [(r["cluster"], r["run"], r["reason"]) for r in merged] == [
             (r["cluster"], r["run"], r["reason"]) for r in raw
@@ -142,7 +142,7 @@ def test_write_replaces_an_earlier_write_of_the_same_time(emulator):
     first = alert_rows([], tick, Thresholds())  # the fleet row: nobody enrolled yet
     samples = [Sample(tick - timedelta(seconds=20 * i), 2.0, "hero-a") for i in range(1, 100)]
     deployment.insert(samples)
-    second = alert_rows(store.enrolled(deployment.settings, tick), tick, Thresholds())
+    second = alert_rows(store.read_tick(deployment.settings, tick).runs, tick, Thresholds())
     assert store.write_alerts(first) == 1
     assert store.write_alerts(second) == len(second)
     assert store.write_alerts(second) == len(second)

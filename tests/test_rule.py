@@ -86,6 +86,49 @@ def test_reason(case, w, thresholds, expected):
     assert loss_spike_reason(w, thresholds) == expected, case
 
 
+# --- stalled: the newest loss sample against now - stall_minutes (15 by default) ----------
+
+FIFTEEN = timedelta(minutes=15)
+
+
+@pytest.mark.parametrize(
+    ("case", "w", "thresholds", "expected"),
+    [
+        ("loss just in time", windows(last_loss_at=NOW - FIFTEEN), T, ("healthy", 0)),
+        (
+            "loss one microsecond late",
+            windows(last_loss_at=NOW - FIFTEEN - timedelta(microseconds=1)),
+            T,
+            ("stalled", 1),
+        ),
+        ("stalled beats spiking", windows(last_loss_at=NOW - 2 * FIFTEEN, recent_floor=9.0), T, ("stalled", 1)),
+        (
+            "stalled beats warming_up",
+            LossWindows(baseline_samples=3, last_loss_at=NOW - 2 * FIFTEEN),
+            T,
+            ("stalled", 1),
+        ),
+        ("NaN beats stalled", windows(recent_not_finite=1, last_loss_at=NOW - 2 * FIFTEEN), T, ("not_finite", 1)),
+        ("no loss sample is not a stall", LossWindows(), T, ("warming_up", 0)),
+        ("0 turns it off", windows(last_loss_at=NOW - 3 * FIFTEEN), Thresholds(stall_minutes=0), ("healthy", 0)),
+        ("a longer limit", windows(last_loss_at=NOW - 2 * FIFTEEN), Thresholds(stall_minutes=31), ("healthy", 0)),
+    ],
+)
+def test_stalled_reason(case, w, thresholds, expected):
+    assert loss_spike_reason(w, thresholds, NOW) == expected, case
+
+
+def test_silenced_run_keeps_its_reason_with_value_zero():
+    from lossspike.rule import EnrolledRun, RunPolicy
+
+    run = EnrolledRun("c1", "hero-a", "job-1", windows(last_loss_at=NOW - 2 * FIFTEEN))
+    [paged] = alert_rows([run], NOW, T)
+    [quiet] = alert_rows([run], NOW, T, {("c1", "hero-a"): RunPolicy(T, silenced=True, note="maintenance")})
+    assert (paged["reason"], paged["value"], paged["silenced"], paged["note"]) == ("stalled", 1, False, None)
+    assert (quiet["reason"], quiet["value"], quiet["silenced"], quiet["note"]) == ("stalled", 0, True, "maintenance")
+    assert quiet["last_loss_at"] == NOW - 2 * FIFTEEN
+
+
 def test_band_uses_larger_of_rise_and_sigma():
     assert band(windows(baseline_stddev=0.001), T) == pytest.approx(2.05)
     assert band(windows(baseline_stddev=0.1), T) == pytest.approx(2.6)
@@ -109,6 +152,8 @@ def test_fleet_row_when_nothing_enrolled():
         ("recent_minutes", 60),
         ("reference", "median"),
         ("min_recent_samples", 1.5),
+        ("stall_minutes", -1),
+        ("stall_minutes", 60),
     ],
 )
 def test_invalid_thresholds_rejected(field, value):

@@ -43,6 +43,7 @@ def test_every_variable_is_read():
         "LOSSSPIKE_MIN_BASELINE_SAMPLES": "10",
         "LOSSSPIKE_MIN_RECENT_SAMPLES": "2",
         "LOSSSPIKE_REFERENCE": "floor",
+        "LOSSSPIKE_STALL_MINUTES": "20",
     }
     assert set(env) == {o.env for o in OPTIONS}
     s = load_settings(env)
@@ -54,7 +55,7 @@ def test_every_variable_is_read():
         1000000,
         False,
     )
-    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor")
+    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20)
     assert s.selection == Selection("lev", "loss", "big-%", ("a", "b"), ("e1",))
 
 
