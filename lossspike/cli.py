@@ -101,6 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rule_flags(backtest)
 
+    cost = commands.add_parser("cost", help="price a tick: bytes billed per part, $/month, per design")
+    cost.add_argument("--runs", type=int, default=1000, help="hero runs watched [1000]")
+    cost.add_argument("--metrics", type=int, default=21, help="Levanter metrics per run [21]")
+    cost.add_argument("--hz", type=float, default=1.0, help="samples per metric per second [1]")
+    cost.add_argument("--row-bytes", type=float, default=116, help="bytes of a telemetry row's columns [116]")
+    cost.add_argument("--non-hero-runs", type=int, default=0, help="other runs logging to the same table [0]")
+    cost.add_argument("--partition", choices=("DAY", "HOUR"), default="HOUR", help="telemetry partitioning [HOUR]")
+    cost.add_argument("--paging-runs", type=float, help="runs paging at once (Monitoring points) [1%% of runs]")
+    cost.add_argument("--format", choices=("table", "json"), default="table")
+    cost.add_argument(
+        "--actual",
+        action="store_true",
+        help="instead: bytes billed per day by jobs labelled app=lossspike (bigquery backend)",
+    )
+    cost.add_argument("--days", type=int, default=7, help="with --actual: days back [7]")
+
     plot = commands.add_parser("plot", help="draw a run's loss, band, floor and alert episodes to a PNG")
     plot.add_argument("run", help="run ID")
     plot.add_argument("-o", "--output", required=True, help="PNG file to write")
@@ -576,6 +592,53 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cost(args: argparse.Namespace) -> int:
+    from lossspike import cost
+
+    if args.actual:
+        return _cost_actual(args)
+    try:
+        fleet = cost.Fleet(
+            runs=args.runs,
+            metrics=args.metrics,
+            hz=args.hz,
+            row_bytes=args.row_bytes,
+            non_hero_runs=args.non_hero_runs,
+            partition=args.partition,
+            paging_runs=max(args.runs, 0) / 100 if args.paging_runs is None else args.paging_runs,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    report = cost.estimate(fleet)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.format == "json" else cost.render(report))
+    return 0
+
+
+def _cost_actual(args: argparse.Namespace) -> int:
+    from lossspike import cost
+    from lossspike.store import StoreError, open_store
+
+    settings = load_settings(os.environ)
+    if settings.backend != "bigquery":
+        raise ConfigError("--actual reads BigQuery's job history: set LOSSSPIKE_BACKEND=bigquery")
+    if args.days < 1:
+        raise ConfigError(f"--days must be at least 1, got {args.days}")
+    since = wall_clock().replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=args.days - 1)
+    store = open_store(settings)
+    try:
+        table = store.fetch(cost.actual_query(since, settings.location))
+    except StoreError as error:
+        raise StoreError(f"reading INFORMATION_SCHEMA.JOBS failed: {error}") from None
+    finally:
+        store.close()
+    rows = table.to_pylist()
+    if args.format == "json":
+        sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(cost.render_actual(rows))
+    return 0
+
+
 _COMMANDS = {
     "evaluate": _cmd_evaluate,
     "demo": _cmd_demo,
@@ -586,6 +649,7 @@ _COMMANDS = {
     "silence": _cmd_silence,
     "override": _cmd_override,
     "overrides": _cmd_overrides,
+    "cost": _cmd_cost,
 }
 
 
