@@ -26,7 +26,11 @@ class Faults:
     status: int = 503
     fail_next: int = 0
     fail_all: bool = False
+    # The error body sent with an injected failure (BigQuery's error format).
+    payload: bytes = b'{"error": {"code": 503, "message": "injected backendError", "status": "UNAVAILABLE"}}'
     seen: list[tuple[str, str, int]] = field(default_factory=list)
+    # Every request body relayed or refused, with its method and path (what a tick sent).
+    bodies: list[tuple[str, str, bytes]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def should_fail(self, method: str, path: str) -> bool:
@@ -58,8 +62,9 @@ def faulty_proxy(upstream: str, faults: Faults) -> Iterator[str]:
         def _relay(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            faults.bodies.append((self.command, self.path, body or b""))
             if faults.should_fail(self.command, self.path):
-                payload = b'{"error": {"code": 503, "message": "injected backendError", "status": "UNAVAILABLE"}}'
+                payload = faults.payload
                 faults.seen.append((self.command, self.path, faults.status))
                 self.send_response(faults.status)
                 self.send_header("Content-Type", "application/json")

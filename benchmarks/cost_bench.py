@@ -1,0 +1,163 @@
+"""What a tick bills on BigQuery, priced from the statements a real tick sends.
+
+1. Runs real ticks (the function's BigQuery store, the real client) against the
+   local BigQuery emulator through a recording proxy at 00:10, 12:00 and 23:50,
+   with the rollup view in place, and keeps every job the ticks sent.
+2. Prices those statements with lossspike.cost's billing model for fleets of
+   10, 100 and 1,000 runs (21 metrics at 1 Hz, 116-byte rows), HOUR-partitioned
+   telemetry, and prints bytes per tick, $/month and the ratio to each target:
+   $15 / $10 / $50 a month, the ticks of a day within 10 % of each other, the
+   largest tick under a tenth of the default byte cap.
+3. Measures the minute layer's worst relative error against the raw query on
+   random fleets (DuckDB): the mean and stddev where sigma x stddev decides the band.
+
+Needs `bash tools/bqemulator/setup.sh`. Run: .venv/bin/python benchmarks/cost_bench.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from oracle import Sample  # noqa: E402
+from servers import bigquery as bqserver  # noqa: E402
+from servers.proxy import Faults, faulty_proxy  # noqa: E402
+
+from lossspike import cost  # noqa: E402
+from lossspike.bigquery_store import BigQueryStore  # noqa: E402
+from lossspike.evaluate import evaluate, raw_enrolled, rollup_enrolled  # noqa: E402
+from lossspike.settings import DEFAULT_MAX_BYTES_BILLED, Settings  # noqa: E402
+from lossspike.sql import Selection, rollup_view_query  # noqa: E402
+
+PROJECT = "lossspike-cost"
+DAY = datetime(2026, 11, 30, tzinfo=UTC)
+TARGETS = {10: 15.0, 100: 10.0, 1000: 50.0}  # $/month at list price (issue 8)
+SPREAD_TARGET = 1.10
+
+
+def _parameter(param: dict[str, Any]) -> Any:
+    kind = param["parameterType"]["type"]
+    value = param.get("parameterValue", {}).get("value")
+    if kind == "TIMESTAMP" and value is not None:
+        return datetime.fromisoformat(value.replace(" ", "T").replace("Z", "+00:00")).astimezone(UTC)
+    return value
+
+
+def captured_ticks() -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """The query jobs real ticks sent at each time of day: [(sql, params)]."""
+    out = {}
+    with bqserver.bigquery_emulator(PROJECT) as endpoint:
+        admin = bqserver.make_client(endpoint, PROJECT)
+        dataset = f"{PROJECT}.bench_{uuid.uuid4().hex[:6]}"
+        telemetry, alerts, rollup = f"{dataset}.telemetry", f"{dataset}.loss_spike_alerts", f"{dataset}.minutes"
+        bqserver.create_lossspike_tables(admin, telemetry, alerts)
+        bqserver.create_rollup_view(admin, rollup, telemetry, Selection(), DAY - timedelta(hours=2))
+        rng = random.Random(3)
+        samples = [
+            Sample(DAY + timedelta(minutes=m, seconds=s), 2.0 + rng.gauss(0, 0.01), f"hero-{r}")
+            for r in range(3)
+            for m in range(-70, 1440, 7)
+            for s in (0, 30)
+        ]
+        bqserver.insert_samples(admin, telemetry, samples)
+        settings = Settings(
+            backend="bigquery", project=PROJECT, telemetry_table=telemetry, alerts_table=alerts, rollup_table=rollup
+        )
+        for clock in cost.TIMES_OF_DAY:
+            hour, minute = map(int, clock.split(":"))
+            now = DAY.replace(hour=hour, minute=minute)
+            faults = Faults()
+            with faulty_proxy(endpoint, faults) as url:
+                store = BigQueryStore(settings, bqserver.make_client(url, PROJECT))
+                rows = evaluate(store, settings, now)
+                store.write_alerts(rows)
+            jobs = []
+            for method, path, body in faults.bodies:
+                if method == "POST" and path.split("?")[0].endswith("/jobs") and body:
+                    query = json.loads(body)["configuration"]["query"]
+                    params = {p["name"]: _parameter(p) for p in query.get("queryParameters", [])}
+                    jobs.append((query["query"], params))
+            out[clock] = jobs
+        views = {rollup: (telemetry, rollup_view_query(telemetry, Selection(), DAY - timedelta(hours=2)))}
+    return out, views, (telemetry, rollup, alerts, f"{dataset}.loss_spike_overrides")
+
+
+def merge_error() -> float:
+    """The worst relative error of the merged mean and stddev where sigma x stddev decides the band."""
+    from conftest import load_telemetry
+
+    from lossspike.duckdb_store import DuckDBStore
+
+    rng = random.Random(11)
+    store = DuckDBStore(":memory:")
+    worst = 0.0
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    for _ in range(40):
+        level, noise = rng.uniform(0.5, 12), rng.choice([0.01, 0.05, 0.2])
+        samples = [
+            Sample(now - timedelta(seconds=s), level + rng.gauss(0, noise), f"hero-{r}")
+            for r in range(5)
+            for s in range(1, 3600, 3)
+        ]
+        store.connection.execute("DROP TABLE IF EXISTS telemetry")
+        load_telemetry(store.connection, samples)
+        config = Settings()
+        for got, want in zip(rollup_enrolled(store, config, now), raw_enrolled(store, config, now), strict=True):
+            for key in ("baseline_mean", "baseline_stddev", "recent_mean"):
+                a, b = getattr(got.windows, key), getattr(want.windows, key)
+                if a is not None and b is not None and b != 0:
+                    worst = max(worst, abs(a - b) / abs(b))
+    return worst
+
+
+def main() -> int:
+    ticks, views, (telemetry, rollup, alerts, overrides) = captured_ticks()
+    print("statements a real tick sent (captured at the proxy):")
+    for clock, jobs in ticks.items():
+        print(f"  {clock}: {len(jobs)} jobs: " + "; ".join(sql.split("\n", 1)[0][:60] for sql, _ in jobs))
+    failed = 0
+    print()
+    print(
+        f"{'runs':>6} {'00:10 MiB':>10} {'12:00 MiB':>10} {'23:50 MiB':>10} {'spread':>7} {'$/month':>9} {'target':>7} ratio"
+    )
+    for runs, target in TARGETS.items():
+        fleet = cost.Fleet(runs=runs)
+        models = cost.tables(fleet, telemetry, rollup, alerts, overrides)
+        per_clock = {}
+        for clock, jobs in ticks.items():
+            hour, minute = map(int, clock.split(":"))
+            now = DAY.replace(hour=hour, minute=minute)
+            parts = [p for sql, params in jobs for p in cost.price_statement(sql, params, models, now, views)]
+            per_clock[clock] = sum(p.bytes for p in parts)
+        spread = max(per_clock.values()) / min(per_clock.values())
+        dollars = cost.monthly(sum(per_clock.values()) / len(per_clock))
+        ok = dollars <= target and spread <= SPREAD_TARGET
+        failed += not ok
+        print(
+            f"{runs:>6} "
+            + " ".join(f"{per_clock[c] / cost.MIB:>10,.1f}" for c in cost.TIMES_OF_DAY)
+            + f" {spread:>7.3f} {dollars:>9.2f} {target:>7.2f} {dollars / target:.2f}{'' if ok else '  MISSED'}"
+        )
+        if runs == 1000:
+            largest = max(per_clock.values())
+            cap = DEFAULT_MAX_BYTES_BILLED
+            print(
+                f"       largest tick {largest / cost.MIB:,.0f} MiB; default cap {cap / cost.MIB:,.0f} MiB"
+                f" = {cap / largest:.1f}x the need (target about 10x)"
+            )
+    worst = merge_error()
+    print(f"\nminute layer vs raw query: worst relative error of mean/stddev {worst:.2e} (target 1e-9)")
+    failed += worst > 1e-9
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
