@@ -125,9 +125,8 @@ def main() -> int:
         print(f"  {clock}: {len(jobs)} jobs: " + "; ".join(sql.split("\n", 1)[0][:60] for sql, _ in jobs))
     failed = 0
     print()
-    print(
-        f"{'runs':>6} {'00:10 MiB':>10} {'12:00 MiB':>10} {'23:50 MiB':>10} {'spread':>7} {'$/month':>9} {'target':>7} ratio"
-    )
+    clocks = " ".join(f"{clock + ' MiB':>10}" for clock in cost.TIMES_OF_DAY)
+    print(f"{'runs':>6} {clocks} {'spread':>7} {'$/month':>9} {'target':>7} ratio")
     for runs, target in TARGETS.items():
         fleet = cost.Fleet(runs=runs)
         models = cost.tables(fleet, telemetry, rollup, alerts, overrides)

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
-from google.api_core.exceptions import GoogleAPIError, NotFound, RetryError
+from google.api_core.exceptions import GoogleAPICallError, GoogleAPIError, NotFound, RetryError
 from google.cloud import bigquery
 
 from lossspike.deadline import Deadline
@@ -292,5 +292,5 @@ class BigQueryStore:
 
 def _reason(error: BaseException) -> str:
     """The BigQuery error reason of a failed call, '' when it has none."""
-    errors = error.errors if isinstance(error, GoogleAPIError) else []
+    errors = error.errors if isinstance(error, GoogleAPICallError) else []
     return str(errors[0].get("reason", "")) if errors and isinstance(errors[0], dict) else ""

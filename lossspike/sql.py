@@ -436,7 +436,7 @@ def write_script(alerts_table: str, columns: tuple[str, ...]) -> str:
   WHEN NOT MATCHED THEN INSERT ({listed}) VALUES ({values});
 ELSE
   INSERT INTO {table} ({listed})
-  SELECT {listed} FROM UNNEST(@rows);
+  SELECT {values} FROM UNNEST(@rows) AS source;
 END IF;"""
 
 
@@ -444,7 +444,8 @@ def append_sql(alerts_table: str, columns: tuple[str, ...]) -> str:
     """Add more rows of the evaluation `write_script` started (a fleet too large for one request)."""
     table = quote_table(BIGQUERY, alerts_table)
     listed = ", ".join(columns)
-    return f"INSERT INTO {table} ({listed})\nSELECT {listed} FROM UNNEST(@rows)"
+    values = ", ".join(f"source.{c}" for c in columns)
+    return f"INSERT INTO {table} ({listed})\nSELECT {values} FROM UNNEST(@rows) AS source"
 
 
 def run_samples_query(

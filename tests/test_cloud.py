@@ -315,6 +315,7 @@ BAD_VALUES = {
     "LOSSSPIKE_PROJECT": " ",
     "LOSSSPIKE_LOCATION": "",
     "LOSSSPIKE_TELEMETRY_TABLE": "p.d.t; DROP",
+    "LOSSSPIKE_ROLLUP_TABLE": "p.d.minutes; DROP",
     "LOSSSPIKE_ALERTS_TABLE": "`p`",
     "LOSSSPIKE_METRIC_PREFIX": "lossspike",
     "LOSSSPIKE_MAX_BYTES_BILLED": "-1",
@@ -533,7 +534,8 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
 
     database = tmp_path / "d.duckdb"
     write_demo_database(database, NOW)
-    moments = iter([0.0, 1.0, 39.8, 39.9])  # created, query starts, the write starts late
+    # created, the window query starts, the override read starts, the write starts late
+    moments = iter([0.0, 1.0, 1.5, 39.8, 39.9])
     deadline = Deadline(40.0, clock=lambda: next(moments))
     import io
 
@@ -544,7 +546,7 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
         written = store.connection.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_name = 'loss_spike_alerts'"
         ).fetchone()
-    assert result.ok is False and len(result.rows) == 5
+    assert result.ok is False and len(result.rows) == 7
     assert result.sinks["alerts_table"] == {
         "ok": False,
         "error": "DeadlineExceeded: tick deadline of 40 s exhausted before writing 'loss_spike_alerts'",
