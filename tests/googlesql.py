@@ -10,10 +10,14 @@ know, and call every function by a name GoogleSQL defines.
 
 from __future__ import annotations
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.bigquery import BigQuery
 from sqlglot.tokens import TokenType
+
+from lossspike.duckdb_store import DuckDBStore
+from lossspike.sql import BIGQUERY, Query
 
 # GoogleSQL function names, from "All functions" of the GoogleSQL for BigQuery reference
 # (https://cloud.google.com/bigquery/docs/reference/standard-sql/functions-all) and its
@@ -36,6 +40,9 @@ GOOGLESQL_FUNCTIONS = frozenset(
     """.split()  # noqa: SIM905 (a word list reads better than 100 quoted strings)
 )
 
+# Keywords the BigQuery tokenizer reads as plain names where a parenthesis follows them.
+_SYNTAX_BEFORE_PARENTHESES = frozenset({"VALUES"})
+
 
 def function_names(sql: str) -> list[str]:
     """Every name called like a function (`NAME(`), in the order written, as spelled."""
@@ -43,7 +50,9 @@ def function_names(sql: str) -> list[str]:
     return [
         token.text
         for token, following in zip(tokens, tokens[1:], strict=False)
-        if token.token_type == TokenType.VAR and following.token_type == TokenType.L_PAREN
+        if token.token_type == TokenType.VAR
+        and following.token_type == TokenType.L_PAREN
+        and token.text.upper() not in _SYNTAX_BEFORE_PARENTHESES
     ]
 
 
@@ -69,3 +78,21 @@ def assert_googlesql(sql: str) -> None:
     """Fail naming every function BigQuery would not know."""
     problems = googlesql_problems(sql)
     assert not problems, "\n".join(problems) + "\n--- statement ---\n" + sql
+
+
+class TranspiledBigQuery(DuckDBStore):
+    """A BigQuery source for local tests: checks each statement is GoogleSQL, then runs it on DuckDB.
+
+    sqlglot transpiles the BigQuery text; the check comes first because the
+    transpiler would happily carry a DuckDB function through.
+    """
+
+    dialect = BIGQUERY
+
+    def fetch(self, query: Query) -> pa.Table:
+        assert_googlesql(query.sql)
+        tree = sqlglot.parse_one(query.sql, read="bigquery")
+        # Every placeholder is a named parameter we bind, and nothing else is data.
+        assert {p.name for p in tree.find_all(exp.Parameter)} == set(query.params)
+        [duck_sql] = sqlglot.transpile(query.sql, read="bigquery", write="duckdb")
+        return self.connection.sql(duck_sql, params=query.params).to_arrow_table()
