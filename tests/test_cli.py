@@ -12,7 +12,10 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import NOW, write_database
-from oracle import Sample
+from oracle import Sample, assert_rows_match, expected
+
+from lossspike.rule import Thresholds
+from lossspike.sql import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 
@@ -68,6 +71,24 @@ def test_evaluate_writes_and_same_now_twice_replaces(tmp_path):
             "SELECT evaluated_at, count(*) FROM loss_spike_alerts GROUP BY 1 ORDER BY 1"
         ).fetchall()
     assert [n for _, n in counts] == [2, 2]
+
+
+def test_evaluate_writes_every_column_spec_asks_for(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    samples = spiking_fleet() + [
+        Sample(NOW - timedelta(seconds=4), nan, "hero-flat", cluster=""),
+        Sample(NOW - timedelta(seconds=4), 1e150, "hero-up", cluster="c2"),
+        Sample(NOW - timedelta(minutes=30), inf, "hero-up", cluster="c2"),
+        Sample(NOW - timedelta(minutes=2), 2.5, "hero-new", job_id="job-9"),
+    ]
+    db = write_database(tmp_path / "t.duckdb", samples)
+    result = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--sigma", "3")
+    assert result.returncode == 0, result.stderr
+    with duckdb.connect(str(db), read_only=True) as connection:
+        stored = connection.sql("SELECT * FROM loss_spike_alerts").to_arrow_table().to_pylist()
+    want = expected(samples, NOW, Thresholds(sigma=3.0), Selection())
+    assert {r["reason"] for r in want} == {"spiking", "healthy", "not_finite", "warming_up"}
+    assert_rows_match(sorted(stored, key=lambda r: (r["cluster"], r["run"])), want)
 
 
 def test_thresholds_from_flags_and_environment(tmp_path):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conftest import NOW, evaluate_samples
+from conftest import NOW, evaluate_samples, load_telemetry
 from hypothesis import HealthCheck, given, settings
 from oracle import assert_rows_match, expected
 from strategies import fleets, judged_fleets, near_band, record, selections, thresholds
 
+from lossspike.duckdb_store import DuckDBStore
+from lossspike.evaluate import evaluate
 from lossspike.settings import Settings
 from lossspike.sql import Selection
 
@@ -35,6 +37,24 @@ def test_judged_runs_match_python_recomputation(case):
     want = expected(samples, NOW, t, Selection())
     record(want)
     assert_rows_match(evaluate_samples(samples, Settings(thresholds=t)), want)
+
+
+_WRITER: list[DuckDBStore] = []
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=judged_fleets())
+def test_written_alert_rows_match_python_recomputation(case):
+    """What lands in loss_spike_alerts, read back column by column, is what SPEC.md says."""
+    samples, t = case
+    if not _WRITER:
+        _WRITER.append(DuckDBStore(":memory:"))
+    store = _WRITER[0]
+    store.connection.execute("DROP TABLE IF EXISTS telemetry")
+    load_telemetry(store.connection, samples)
+    store.write_alerts(evaluate(store, Settings(thresholds=t), NOW))
+    stored = store.connection.sql("SELECT * FROM loss_spike_alerts").to_arrow_table().to_pylist()
+    assert_rows_match(sorted(stored, key=lambda r: (r["cluster"], r["run"])), expected(samples, NOW, t, Selection()))
 
 
 def test_judged_runs_reach_every_verdict():
