@@ -98,15 +98,14 @@ def _episodes(history: RunHistory, ticks: list[datetime]) -> list[tuple[str, dat
     return [(reason, first, last) for reason, first, last, _ in spans]
 
 
-def plot_run(
+def run_figure(
     source: Source,
     settings: Settings,
     run: str,
     ticks: list[datetime],
-    output: Path,
     cluster: str | None = None,
-) -> Path:
-    """Backtest one run over `ticks` and draw it to `output` (PNG); return the path written."""
+) -> Any:
+    """Backtest one run over `ticks` and draw it; the matplotlib Figure (the caller closes it)."""
     pyplot = _pyplot()
     from matplotlib import dates as mdates
     from matplotlib.lines import Line2D
@@ -241,6 +240,20 @@ def plot_run(
         f" from {format_rfc3339(ticks[0])} to {format_rfc3339(ticks[-1])}\n{describe(t)}",
         fontsize=10.5,
     )
+    return figure
+
+
+def plot_run(
+    source: Source,
+    settings: Settings,
+    run: str,
+    ticks: list[datetime],
+    output: Path,
+    cluster: str | None = None,
+) -> Path:
+    """Backtest one run over `ticks` and draw it to `output` (PNG); return the path written."""
+    figure = run_figure(source, settings, run, ticks, cluster)
+    pyplot = _pyplot()
     try:
         figure.savefig(output, format="png")
     except OSError as error:

@@ -7,16 +7,16 @@ import math
 import random
 from datetime import timedelta
 
-import duckdb
 import pyarrow as pa
 import pytest
+from commandline import lossspike, one_line_error
 from conftest import NOW, load_telemetry
 from googlesql import TranspiledBigQuery
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
-from test_cli import _one_line_error, lossspike
+from telemetry import telemetry_samples
 
 from lossspike.backtest import backtest, tick_times
 from lossspike.duckdb_store import DuckDBStore
@@ -106,15 +106,6 @@ def assert_same_verdicts(got: list[dict], want: list[dict]) -> None:
     """Backtest rows give evaluate's runs, counts and verdicts (both are checked against the oracle too)."""
     keys = ("cluster", "run", "reason", "value", "baseline_samples", "recent_samples", "recent_not_finite")
     assert [tuple(r[k] for k in keys) for r in got] == [tuple(r[k] for k in keys) for r in want]
-
-
-def telemetry_samples(path) -> list[Sample]:
-    """Every telemetry row of a DuckDB file, as the oracle's samples."""
-    with duckdb.connect(str(path), read_only=True) as connection:
-        rows = connection.execute(
-            "SELECT timestamp, value, run_id, cluster, name, service, job_id, execution_uid FROM telemetry"
-        ).fetchall()
-    return [Sample(*row) for row in rows]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -269,20 +260,20 @@ def test_backtest_cli_compares_two_rules(demo_db):
 def test_backtest_cli_bad_input(demo_db, tmp_path):
     db = str(demo_db)
     base = ("backtest", "--database", db)
-    _one_line_error(lossspike(*base, "--start", "yesterday"), "--start", "RFC 3339")
-    _one_line_error(lossspike(*base, "--end", "2026-11-30T12:00:00"), "--end", "offset")
-    _one_line_error(
+    one_line_error(lossspike(*base, "--start", "yesterday"), "--start", "RFC 3339")
+    one_line_error(lossspike(*base, "--end", "2026-11-30T12:00:00"), "--end", "offset")
+    one_line_error(
         lossspike(*base, "--start", NOW_TEXT, "--end", "2026-11-30T11:00:00Z"), "--start/--end", "before start"
     )
-    _one_line_error(lossspike(*base, "--start", "2026-10-01T00:00:00Z", "--end", NOW_TEXT), "31 days")
-    _one_line_error(lossspike(*base, "--every", "0", "--end", NOW_TEXT), "every")
-    _one_line_error(lossspike(*base, "--every", "five"), "--every")
-    _one_line_error(lossspike(*base, "--compare", "sgima=4"), "--compare", "sigma")
-    _one_line_error(lossspike(*base, "--compare", "sigma"), "--compare", "KEY=VALUE")
-    _one_line_error(lossspike(*base, "--compare", "sigma=-1"), "--compare", ">= 0")
-    _one_line_error(lossspike(*base, "--format", "xml"), "--format")
-    _one_line_error(lossspike(*base, "--reference", "median"), "mean, floor")
-    _one_line_error(lossspike("backtest", "--database", str(tmp_path / "missing.duckdb")), "not found")
+    one_line_error(lossspike(*base, "--start", "2026-10-01T00:00:00Z", "--end", NOW_TEXT), "31 days")
+    one_line_error(lossspike(*base, "--every", "0", "--end", NOW_TEXT), "every")
+    one_line_error(lossspike(*base, "--every", "five"), "--every")
+    one_line_error(lossspike(*base, "--compare", "sgima=4"), "--compare", "sigma")
+    one_line_error(lossspike(*base, "--compare", "sigma"), "--compare", "KEY=VALUE")
+    one_line_error(lossspike(*base, "--compare", "sigma=-1"), "--compare", ">= 0")
+    one_line_error(lossspike(*base, "--format", "xml"), "--format")
+    one_line_error(lossspike(*base, "--reference", "median"), "mean, floor")
+    one_line_error(lossspike("backtest", "--database", str(tmp_path / "missing.duckdb")), "not found")
 
 
 def test_backtest_and_plot_help():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from commandline import lossspike, one_line_error
 from conftest import NOW, write_database
 from oracle import Sample, assert_rows_match, expected
 
@@ -18,18 +18,6 @@ from lossspike.rule import Thresholds
 from lossspike.sql import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
-
-
-def lossspike(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "lossspike.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**clean, **(env or {})},
-        timeout=120,
-    )
 
 
 def spiking_fleet() -> list[Sample]:
@@ -122,50 +110,38 @@ def test_default_database_from_environment(tmp_path):
     assert result.returncode == 0 and "hero-up" in result.stdout
 
 
-def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode != 0
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 def test_bad_input_one_line_errors(tmp_path):
     db = write_database(tmp_path / "t.duckdb", spiking_fleet())
-    _one_line_error(
-        lossspike("evaluate", "--database", str(tmp_path / "missing.duckdb")), "not found", "missing.duckdb"
-    )
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--now", "last tuesday"), "--now", "RFC 3339")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--now", "2026-11-30T12:00:00"), "offset")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--frobnicate"), "--frobnicate")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--sigma", "-2"), "--sigma", ">= 0")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--min-recent-samples", "0"), "--min-recent-samples")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--reference", "median"), "mean, floor")
-    _one_line_error(
+    one_line_error(lossspike("evaluate", "--database", str(tmp_path / "missing.duckdb")), "not found", "missing.duckdb")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--now", "last tuesday"), "--now", "RFC 3339")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--now", "2026-11-30T12:00:00"), "offset")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--frobnicate"), "--frobnicate")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--sigma", "-2"), "--sigma", ">= 0")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--min-recent-samples", "0"), "--min-recent-samples")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--reference", "median"), "mean, floor")
+    one_line_error(
         lossspike("evaluate", "--database", str(db), "--recent-minutes", "90"), "--recent-minutes", "baseline_minutes"
     )
-    _one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGMA": "lots"}), "LOSSSPIKE_SIGMA")
-    _one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGAM": "6"}), "LOSSSPIKE_SIGAM")
-    _one_line_error(
+    one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGMA": "lots"}), "LOSSSPIKE_SIGMA")
+    one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGAM": "6"}), "LOSSSPIKE_SIGAM")
+    one_line_error(
         lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_TELEMETRY_TABLE": "x;drop"}),
         "LOSSSPIKE_TELEMETRY_TABLE",
         "invalid table name",
     )
-    _one_line_error(lossspike("frobnicate"), "frobnicate")
+    one_line_error(lossspike("frobnicate"), "frobnicate")
 
 
 def test_missing_table_and_column_are_named(tmp_path):
     empty = tmp_path / "empty.duckdb"
     duckdb.connect(str(empty)).close()
-    _one_line_error(lossspike("evaluate", "--database", str(empty), "--now", NOW_TEXT), "telemetry", "not found")
+    one_line_error(lossspike("evaluate", "--database", str(empty), "--now", NOW_TEXT), "telemetry", "not found")
     partial = tmp_path / "partial.duckdb"
     with duckdb.connect(str(partial)) as connection:
         connection.execute(
             "CREATE TABLE telemetry (timestamp TIMESTAMPTZ, service VARCHAR, name VARCHAR, run_id VARCHAR)"
         )
-    _one_line_error(
+    one_line_error(
         lossspike("evaluate", "--database", str(partial), "--now", NOW_TEXT), "value", "cluster", "execution_uid"
     )
 
