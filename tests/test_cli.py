@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from commandline import lossspike, one_line_error
+from commandline import lossspike, one_line_error, verdict_table
 from conftest import NOW, write_database
 from oracle import Sample, assert_rows_match, expected
 
@@ -177,8 +177,14 @@ def test_sql_command_prints_query_and_parameters():
 def test_demo_shows_every_reason(tmp_path):
     result = lossspike("demo", "--now", NOW_TEXT, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    for reason in ("warming_up", "not_finite", "spiking", "healthy"):
-        assert reason in result.stdout
+    shown = {r["run"]: (r["reason"], r["page"]) for r in verdict_table(result.stdout)}
+    assert shown == {
+        "hero-llama-8b": ("healthy", "0"),
+        "hero-mixtral": ("healthy", "0"),
+        "hero-qwen-32b": ("spiking", "1"),
+        "hero-gemma-2b": ("not_finite", "1"),
+        "hero-olmo-1b": ("warming_up", "0"),
+    }
     assert "ablation-lr-sweep" in result.stdout  # explained as not watched
     assert (tmp_path / "lossspike-demo.duckdb").is_file()
     again = lossspike(
