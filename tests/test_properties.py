@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
+import pytest
 from conftest import NOW, evaluate_samples, load_telemetry
 from hypothesis import HealthCheck, given, settings
-from oracle import assert_rows_match, expected
+from oracle import CROSS_ENGINE_REL, Sample, assert_rows_match, expected
 from strategies import fleets, judged_fleets, near_band, record, selections, thresholds
 
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
+from lossspike.rule import Thresholds
 from lossspike.settings import Settings
 from lossspike.sql import Selection
 
@@ -84,3 +87,41 @@ def test_one_row_per_run_and_cluster(samples):
     assert len(keys) == len(set(keys)) >= 1
     assert all(r["reason"] in ("warming_up", "not_finite", "spiking", "healthy") for r in rows)
     assert all(r["value"] == int(r["reason"] in ("spiking", "not_finite")) for r in rows)
+
+
+# --- the oracle's comparison itself can fail -------------------------------------------------
+
+
+def _two_runs(shift: float) -> list:
+    """hero-a judged at a floor `shift` above its band (2.0 + 0.5), hero-b holding a 1e30 loss."""
+    samples = [Sample(NOW - timedelta(minutes=30) + timedelta(seconds=i), 2.0, "hero-a") for i in range(20)]
+    samples += [Sample(NOW - timedelta(seconds=i + 1), 2.5 + shift, "hero-a") for i in range(5)]
+    samples += [Sample(NOW - timedelta(minutes=3), 1e30, "hero-b")]
+    return samples
+
+
+def test_oracle_scales_tolerance_per_run():
+    t = Thresholds(sigma=0.0, min_rise=0.5)
+    want = expected(_two_runs(0.0), NOW, t, Selection())
+    got = [dict(r, job="job-1") for r in want]
+    got[0]["baseline_mean"] += 1e-6  # far beyond rounding for losses near 2, however big hero-b's are
+    with pytest.raises(AssertionError, match="baseline_mean"):
+        assert_rows_match(got, want)
+
+
+def test_oracle_holds_equality_and_flips_to_spec():
+    t = Thresholds(sigma=0.0, min_rise=0.5)
+    tie = expected(_two_runs(0.0), NOW, t, Selection())
+    assert tie[0]["recent_floor"] == tie[0]["band"] and tie[0]["reason"] == "healthy"
+    paging_on_tie = [dict(r, job="job-1") for r in tie]
+    paging_on_tie[0].update(reason="spiking", value=1)
+    with pytest.raises(AssertionError, match="spiking"):
+        assert_rows_match(paging_on_tie, tie)  # floor == band is not a spike, even where a flip is allowed
+
+    near = expected(_two_runs(2.5e-12), NOW, t, Selection())  # 1e-12 relative above the band
+    assert near[0]["reason"] == "spiking"
+    other_engine = [dict(r, job="job-1") for r in near]
+    other_engine[0].update(reason="healthy", value=0, band=near[0]["recent_floor"])
+    with pytest.raises(AssertionError):
+        assert_rows_match(other_engine, near)  # same engine: a few ULPs only
+    assert_rows_match(other_engine, near, flip_rel=CROSS_ENGINE_REL)
