@@ -82,17 +82,15 @@ def _episodes(history: RunHistory, ticks: list[datetime]) -> list[tuple[str, dat
     return [(reason, first, last) for reason, first, last, _ in spans]
 
 
-def plot_run(
+def run_figure(
     store: Store,
     settings: Settings,
     run: str,
     ticks: list[datetime],
-    output: Path,
     cluster: str | None = None,
-) -> Path:
-    """Backtest one run over `ticks` and draw it to `output` (the format its suffix names); return the path."""
+) -> Any:
+    """Backtest one run over `ticks` and draw it; the matplotlib Figure (the caller closes it)."""
     pyplot = _pyplot()
-    image_format = output_format(output)
     from matplotlib import dates as mdates
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -233,6 +231,21 @@ def plot_run(
         f" from {format_rfc3339(ticks[0])} to {format_rfc3339(ticks[-1])}\n{describe(t)}",
         fontsize=10.5,
     )
+    return figure
+
+
+def plot_run(
+    store: Store,
+    settings: Settings,
+    run: str,
+    ticks: list[datetime],
+    output: Path,
+    cluster: str | None = None,
+) -> Path:
+    """Backtest one run over `ticks` and draw it to `output` (the format its suffix names); return the path."""
+    image_format = output_format(output)
+    figure = run_figure(store, settings, run, ticks, cluster)
+    pyplot = _pyplot()
     try:
         figure.savefig(output, format=image_format)
     except OSError as error:

@@ -1,7 +1,16 @@
 """A plain-Python recomputation of the rule from raw samples: the tests' oracle.
 
-Written independently of the SQL: no shared code beyond the Thresholds and
-Selection value objects, so a bug in the query cannot hide in both.
+Written from SPEC.md alone, independently of the product: it imports only the
+Thresholds and Selection value objects (plain parameters), never the product's
+SQL, rule or finiteness test, so a bug in shared code cannot sit on both sides
+of a comparison.
+
+Two parts, kept apart so new paths (a rollup, new reasons, per-run overrides)
+extend them without touching the other:
+- `expected(samples, now, thresholds, selection)`: the rows SPEC.md asks for.
+- `assert_rows_match(actual, wanted, ...)`: rows equal, statistics within
+  rounding scaled per run, and a spiking/healthy verdict allowed to differ only
+  where the oracle's floor is within rounding of its band.
 """
 
 from __future__ import annotations
@@ -10,9 +19,22 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from lossspike.rule import Thresholds
 from lossspike.sql import Selection
+
+# SPEC.md: a value is non-finite when NaN, +-inf or of magnitude at least 1e150.
+NON_FINITE_MAGNITUDE = 1e150
+# Statistics from another summation order agree to this relative to the run's largest value.
+STAT_REL = 1e-9
+# A floor this many ULPs (of the run's largest value) from the band may land either side
+# of it when the engine sums in another order; the default, for one engine against Python.
+FLIP_ULPS = 8
+# SPEC.md: engines may differ where the floor is within 1e-9 (relative) of the band.
+CROSS_ENGINE_REL = 1e-9
+
+PAGING = ("not_finite", "stalled", "spiking")
 
 
 @dataclass(frozen=True)
@@ -27,6 +49,20 @@ class Sample:
     execution_uid: str | None = "attempt-1"
 
 
+class Row(dict):
+    """An expected alert row; `scale` is the largest magnitude among its run's finite window losses.
+
+    `job` holds the set of acceptable jobs (two jobs can share the newest timestamp).
+    """
+
+    scale: float = 0.0
+
+
+def finite(value: float) -> bool:
+    """SPEC.md's finiteness, written out here on purpose (not lossspike.rule.is_finite)."""
+    return not math.isnan(value) and abs(value) < NON_FINITE_MAGNITUDE
+
+
 def like(pattern: str, text: str | None) -> bool:
     """SQL LIKE without an escape character: % is any run, _ is one character."""
     if text is None:
@@ -36,34 +72,57 @@ def like(pattern: str, text: str | None) -> bool:
 
 
 def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(mean, sample stddev, floor); stddev None below two values."""
     if not values:
         return None, None, None
     mean = math.fsum(values) / len(values)
-    stddev = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
-    return mean, stddev, min(values)
+    if len(values) < 2:
+        return mean, None, min(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)), min(values)
 
 
-# --- stalled (issue #11): kept apart from the window statistics above ---------
+def _empty(now: datetime, cluster: str, run: str, jobs: set[str]) -> Row:
+    return Row(
+        evaluated_at=now,
+        cluster=cluster,
+        job=jobs,
+        run=run,
+        reason="warming_up",
+        value=0,
+        baseline_samples=0,
+        baseline_mean=None,
+        baseline_stddev=None,
+        baseline_floor=None,
+        recent_samples=0,
+        recent_not_finite=0,
+        recent_mean=None,
+        recent_floor=None,
+        recent_peak=None,
+        reference=None,
+        band=None,
+        last_loss_at=None,
+        silenced=False,
+        note=None,
+    )
 
 
-def last_loss_at(loss: list[Sample]) -> datetime | None:
-    """The newest loss sample in the hour, NaN included (the caller already dropped NULLs)."""
-    return max((s.timestamp for s in loss), default=None)
+def verdict(row: dict[str, Any], t: Thresholds) -> str:
+    """SPEC.md's classification of a row's windows, first match wins."""
+    if row["recent_not_finite"]:
+        return "not_finite"
+    # SPEC: a loss sample in the hour, the newest older than now - stall_minutes; 0 turns it off.
+    newest = row["last_loss_at"]
+    if t.stall_minutes > 0 and newest is not None and row["evaluated_at"] - newest > timedelta(minutes=t.stall_minutes):
+        return "stalled"
+    if row["baseline_samples"] < t.min_baseline_samples or row["recent_samples"] < t.min_recent_samples:
+        return "warming_up"
+    if row["recent_floor"] is not None and row["band"] is not None and row["recent_floor"] > row["band"]:
+        return "spiking"
+    return "healthy"
 
 
-def stalled(loss: list[Sample], now: datetime, t: Thresholds) -> bool:
-    """SPEC: some loss sample in the hour and the newest older than now - stall_minutes; 0 is off."""
-    newest = last_loss_at(loss)
-    return t.stall_minutes > 0 and newest is not None and now - newest > timedelta(minutes=t.stall_minutes)
-
-
-def _as_time(value: datetime | str | None) -> datetime | None:
-    """A row's time, whether the row came from Python or from a JSON response (RFC 3339)."""
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else value
-
-
-def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection) -> list[dict]:
-    """The alert rows SPEC.md asks for, sorted by (cluster, run). `job` is the set of acceptable jobs."""
+def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection) -> list[Row]:
+    """The alert rows SPEC.md asks for at `now`, sorted by (cluster, run) in code-point order."""
     start = now - timedelta(minutes=t.baseline_minutes)
     recent_start = now - timedelta(minutes=t.recent_minutes)
 
@@ -85,78 +144,40 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
     for (cluster, run), rs in sorted(runs.items()):
         with_job = [s for s in rs if s.job_id]
         newest = max((s.timestamp for s in with_job), default=None)
-        jobs = {s.job_id for s in with_job if s.timestamp == newest} or {""}
+        row = _empty(now, cluster, run, {s.job_id for s in with_job if s.timestamp == newest} or {""})
         loss = [
             s for s in rs if s.name == sel.metric and (not sel.execution_uids or s.execution_uid in sel.execution_uids)
         ]
-        base = [s.value for s in loss if s.timestamp < recent_start and abs(s.value) < 1e150]
+        base = [s.value for s in loss if s.timestamp < recent_start and finite(s.value)]
         recent = [s.value for s in loss if s.timestamp >= recent_start]
-        recent_finite = [v for v in recent if abs(v) < 1e150]
-        not_finite = len(recent) - len(recent_finite)
+        recent_finite = [v for v in recent if finite(v)]
         mean, stddev, floor = _stats(base)
         recent_mean, _, recent_floor = _stats(recent_finite)
-        ref = mean if t.reference == "mean" else floor
-        spread = stddev if stddev is not None and math.isfinite(stddev) else 0.0
-        band = None if ref is None else ref + max(t.min_rise, t.sigma * spread)
-        if not_finite:
-            reason = "not_finite"
-        elif stalled(loss, now, t):
-            reason = "stalled"
-        elif len(base) < t.min_baseline_samples or len(recent) < t.min_recent_samples:
-            reason = "warming_up"
-        elif recent_floor > band:
-            reason = "spiking"
-        else:
-            reason = "healthy"
-        rows.append(
-            {
-                "evaluated_at": now,
-                "cluster": cluster,
-                "job": jobs,
-                "run": run,
-                "reason": reason,
-                "value": int(reason in ("not_finite", "stalled", "spiking")),
-                "baseline_samples": len(base),
-                "baseline_mean": mean,
-                "baseline_stddev": stddev,
-                "baseline_floor": floor,
-                "recent_samples": len(recent),
-                "recent_not_finite": not_finite,
-                "recent_mean": recent_mean,
-                "recent_floor": recent_floor,
-                "recent_peak": max(recent_finite, default=None),
-                "reference": ref,
-                "band": band,
-                "last_loss_at": last_loss_at(loss),
-                "silenced": False,
-                "note": None,
-            }
+        level = mean if t.reference == "mean" else floor
+        band = None if level is None else level + max(t.min_rise, t.sigma * (stddev or 0.0))
+        row.update(
+            baseline_samples=len(base),
+            baseline_mean=mean,
+            baseline_stddev=stddev,
+            baseline_floor=floor,
+            recent_samples=len(recent),
+            recent_not_finite=len(recent) - len(recent_finite),
+            recent_mean=recent_mean,
+            recent_floor=recent_floor,
+            recent_peak=max(recent_finite, default=None),
+            reference=level,
+            band=band,
+            # The newest loss sample of the hour, NaN included (NULLs are not samples).
+            last_loss_at=max((s.timestamp for s in loss), default=None),
         )
+        row["reason"] = verdict(row, t)
+        row["value"] = int(row["reason"] in PAGING)
+        row.scale = max((abs(v) for v in base + recent_finite), default=0.0)
+        rows.append(row)
     if not rows:
-        rows.append(
-            {
-                "evaluated_at": now,
-                "cluster": "fleet",
-                "job": {""},
-                "run": "",
-                "reason": "healthy",
-                "value": 0,
-                "baseline_samples": 0,
-                "baseline_mean": None,
-                "baseline_stddev": None,
-                "baseline_floor": None,
-                "recent_samples": 0,
-                "recent_not_finite": 0,
-                "recent_mean": None,
-                "recent_floor": None,
-                "recent_peak": None,
-                "reference": None,
-                "band": None,
-                "last_loss_at": None,
-                "silenced": False,
-                "note": None,
-            }
-        )
+        fleet = _empty(now, "fleet", "", {""})
+        fleet["reason"] = "healthy"
+        rows.append(fleet)
     return rows
 
 
@@ -171,33 +192,65 @@ STAT_KEYS = (
     "reference",
     "band",
 )
+COUNT_KEYS = ("baseline_samples", "recent_samples", "recent_not_finite")
 
 
-def _close(a: float | None, b: float | None, scale: float) -> bool:
+def close(a: float | None, b: float | None, scale: float, rel: float = STAT_REL) -> bool:
+    """Equal within `rel` of each other or of the run's scale; None only equals None."""
     if a is None or b is None:
         return a is b
     if math.isinf(a) or math.isinf(b):
         return a == b
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9 * scale)
+    return math.isclose(a, b, rel_tol=rel, abs_tol=rel * scale)
 
 
-def assert_rows_match(actual: list[dict], wanted: list[dict], samples: list[Sample]) -> None:
-    """Rows equal the oracle's; statistics within float rounding, verdicts exact unless on the band edge."""
+def flip_allowance(scale: float, flip_rel: float | None = None) -> float:
+    """How far from the band a floor may be and still fall either side of it."""
+    return FLIP_ULPS * math.ulp(scale) if flip_rel is None else flip_rel * scale
+
+
+def _as_time(value: datetime | str | None) -> datetime | None:
+    """A row's time, whether the row came from Python or from a JSON response (RFC 3339)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else value
+
+
+def assert_rows_match(
+    actual: list[dict],
+    wanted: list[Row],
+    samples: object = None,
+    *,
+    rel: float = STAT_REL,
+    flip_rel: float | None = None,
+) -> None:
+    """Every column of `actual` equals the oracle's `wanted` rows (from `expected`).
+
+    Statistics agree within `rel` scaled by that run's own largest finite window
+    loss; counts, keys, times and verdicts exactly. A spiking/healthy pair may
+    differ only when the oracle's floor is within `flip_allowance` of its band
+    (a few ULPs by default; pass flip_rel=CROSS_ENGINE_REL between engines), and
+    even then the actual verdict must follow from the actual floor and band.
+    `samples` is accepted for older callers and not used: scales live on the rows.
+    """
     assert [(r["cluster"], r["run"]) for r in actual] == [(r["cluster"], r["run"]) for r in wanted]
-    finite = [abs(s.value) for s in samples if s.value is not None and abs(s.value) < 1e150]
-    scale = max([1.0, *finite])
     for got, want in zip(actual, wanted, strict=True):
         where = f"{want['cluster']}/{want['run']!r}"
-        assert got["job"] in want["job"], where
-        assert got["evaluated_at"] == want["evaluated_at"], where
-        for key in ("baseline_samples", "recent_samples", "recent_not_finite"):
-            assert got[key] == want[key], (where, key)
-        assert _as_time(got["last_loss_at"]) == want["last_loss_at"], (where, got["last_loss_at"])
+        scale = getattr(want, "scale", 0.0)
+        missing = set(want) - set(got)
+        assert not missing, (where, "columns missing", sorted(missing))
+        assert got["job"] in want["job"], (where, got["job"], want["job"])
+        assert _as_time(got["evaluated_at"]) == want["evaluated_at"], (where, got["evaluated_at"], want["evaluated_at"])
+        for key in COUNT_KEYS:
+            assert got[key] == want[key], (where, key, got[key], want[key])
+        assert _as_time(got.get("last_loss_at")) == want["last_loss_at"], (where, got.get("last_loss_at"))
+        assert bool(got.get("silenced")) == want["silenced"] and got.get("note") == want["note"], where
         for key in STAT_KEYS:
-            assert _close(got[key], want[key], scale), (where, key, got[key], want[key])
+            assert close(got[key], want[key], scale, rel), (where, key, got[key], want[key], scale)
+        assert got["value"] == int(got["reason"] in PAGING), (where, got["reason"], got["value"])
+        if got["reason"] in ("spiking", "healthy"):
+            # SPEC: `>`, not `>=`; the row's own floor and band must give its verdict.
+            own = got["recent_floor"] is not None and got["band"] is not None and got["recent_floor"] > got["band"]
+            assert (got["reason"] == "spiking") == own, (where, got["reason"], got["recent_floor"], got["band"])
         if got["reason"] != want["reason"]:
-            # Only a floor within rounding of the band may fall either side of it.
             assert {got["reason"], want["reason"]} == {"spiking", "healthy"}, (where, got["reason"], want["reason"])
-            assert _close(want["recent_floor"], want["band"], scale), (where, want["recent_floor"], want["band"])
-        else:
-            assert got["value"] == want["value"], where
+            gap = abs(want["recent_floor"] - want["band"])
+            assert gap <= flip_allowance(scale, flip_rel), (where, want["recent_floor"], want["band"], scale)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -11,22 +10,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from commandline import lossspike, one_line_error, verdict_table
 from conftest import NOW, write_database
-from oracle import Sample
+from oracle import Sample, assert_rows_match, expected
+
+from lossspike.rule import Thresholds
+from lossspike.sql import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
-
-
-def lossspike(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "lossspike.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**clean, **(env or {})},
-        timeout=120,
-    )
 
 
 def spiking_fleet() -> list[Sample]:
@@ -70,6 +61,24 @@ def test_evaluate_writes_and_same_now_twice_replaces(tmp_path):
     assert [n for _, n in counts] == [2, 2]
 
 
+def test_evaluate_writes_every_column_spec_asks_for(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    samples = spiking_fleet() + [
+        Sample(NOW - timedelta(seconds=4), nan, "hero-flat", cluster=""),
+        Sample(NOW - timedelta(seconds=4), 1e150, "hero-up", cluster="c2"),
+        Sample(NOW - timedelta(minutes=30), inf, "hero-up", cluster="c2"),
+        Sample(NOW - timedelta(minutes=2), 2.5, "hero-new", job_id="job-9"),
+    ]
+    db = write_database(tmp_path / "t.duckdb", samples)
+    result = lossspike("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--sigma", "3")
+    assert result.returncode == 0, result.stderr
+    with duckdb.connect(str(db), read_only=True) as connection:
+        stored = connection.sql("SELECT * FROM loss_spike_alerts").to_arrow_table().to_pylist()
+    want = expected(samples, NOW, Thresholds(sigma=3.0), Selection())
+    assert {r["reason"] for r in want} == {"spiking", "healthy", "not_finite", "warming_up"}
+    assert_rows_match(sorted(stored, key=lambda r: (r["cluster"], r["run"])), want)
+
+
 def test_thresholds_from_flags_and_environment(tmp_path):
     db = write_database(tmp_path / "t.duckdb", spiking_fleet())
     args = ("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write")
@@ -101,50 +110,38 @@ def test_default_database_from_environment(tmp_path):
     assert result.returncode == 0 and "hero-up" in result.stdout
 
 
-def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode != 0
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 def test_bad_input_one_line_errors(tmp_path):
     db = write_database(tmp_path / "t.duckdb", spiking_fleet())
-    _one_line_error(
-        lossspike("evaluate", "--database", str(tmp_path / "missing.duckdb")), "not found", "missing.duckdb"
-    )
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--now", "last tuesday"), "--now", "RFC 3339")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--now", "2026-11-30T12:00:00"), "offset")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--frobnicate"), "--frobnicate")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--sigma", "-2"), "--sigma", ">= 0")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--min-recent-samples", "0"), "--min-recent-samples")
-    _one_line_error(lossspike("evaluate", "--database", str(db), "--reference", "median"), "mean, floor")
-    _one_line_error(
+    one_line_error(lossspike("evaluate", "--database", str(tmp_path / "missing.duckdb")), "not found", "missing.duckdb")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--now", "last tuesday"), "--now", "RFC 3339")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--now", "2026-11-30T12:00:00"), "offset")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--frobnicate"), "--frobnicate")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--sigma", "-2"), "--sigma", ">= 0")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--min-recent-samples", "0"), "--min-recent-samples")
+    one_line_error(lossspike("evaluate", "--database", str(db), "--reference", "median"), "mean, floor")
+    one_line_error(
         lossspike("evaluate", "--database", str(db), "--recent-minutes", "90"), "--recent-minutes", "baseline_minutes"
     )
-    _one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGMA": "lots"}), "LOSSSPIKE_SIGMA")
-    _one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGAM": "6"}), "LOSSSPIKE_SIGAM")
-    _one_line_error(
+    one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGMA": "lots"}), "LOSSSPIKE_SIGMA")
+    one_line_error(lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_SIGAM": "6"}), "LOSSSPIKE_SIGAM")
+    one_line_error(
         lossspike("evaluate", "--database", str(db), env={"LOSSSPIKE_TELEMETRY_TABLE": "x;drop"}),
         "LOSSSPIKE_TELEMETRY_TABLE",
         "invalid table name",
     )
-    _one_line_error(lossspike("frobnicate"), "frobnicate")
+    one_line_error(lossspike("frobnicate"), "frobnicate")
 
 
 def test_missing_table_and_column_are_named(tmp_path):
     empty = tmp_path / "empty.duckdb"
     duckdb.connect(str(empty)).close()
-    _one_line_error(lossspike("evaluate", "--database", str(empty), "--now", NOW_TEXT), "telemetry", "not found")
+    one_line_error(lossspike("evaluate", "--database", str(empty), "--now", NOW_TEXT), "telemetry", "not found")
     partial = tmp_path / "partial.duckdb"
     with duckdb.connect(str(partial)) as connection:
         connection.execute(
             "CREATE TABLE telemetry (timestamp TIMESTAMPTZ, service VARCHAR, name VARCHAR, run_id VARCHAR)"
         )
-    _one_line_error(
+    one_line_error(
         lossspike("evaluate", "--database", str(partial), "--now", NOW_TEXT), "value", "cluster", "execution_uid"
     )
 
@@ -180,8 +177,14 @@ def test_sql_command_prints_query_and_parameters():
 def test_demo_shows_every_reason(tmp_path):
     result = lossspike("demo", "--now", NOW_TEXT, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    for reason in ("warming_up", "not_finite", "spiking", "healthy"):
-        assert reason in result.stdout
+    shown = {r["run"]: (r["reason"], r["page"]) for r in verdict_table(result.stdout)}
+    assert shown == {
+        "hero-llama-8b": ("healthy", "0"),
+        "hero-mixtral": ("healthy", "0"),
+        "hero-qwen-32b": ("spiking", "1"),
+        "hero-gemma-2b": ("not_finite", "1"),
+        "hero-olmo-1b": ("warming_up", "0"),
+    }
     assert "ablation-lr-sweep" in result.stdout  # explained as not watched
     assert (tmp_path / "lossspike-demo.duckdb").is_file()
     again = lossspike(

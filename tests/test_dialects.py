@@ -2,41 +2,133 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+
 import pytest
 import sqlglot
 from conftest import NOW, evaluate_samples, load_telemetry
+from googlesql import TranspiledBigQuery, assert_googlesql, googlesql_problems
 from hypothesis import HealthCheck, given, settings
+from oracle import Sample, assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
-from lossspike.duckdb_store import DuckDBStore
+from lossspike.bigquery_store import OVERRIDE_TYPES
+from lossspike.cost import actual_query
 from lossspike.evaluate import evaluate
+from lossspike.overrides import overrides_query
 from lossspike.rule import Thresholds
+from lossspike.schema import ALERT_COLUMNS
 from lossspike.settings import Settings
-from lossspike.sql import BIGQUERY, DUCKDB, Query, Selection, loss_window_query, validate_table
+from lossspike.sql import (
+    BIGQUERY,
+    DUCKDB,
+    TICK_GROUP_TYPES,
+    Query,
+    Selection,
+    append_sql,
+    bucket_groups_query,
+    loss_window_query,
+    rollup_view_query,
+    run_samples_query,
+    validate_table,
+    with_rows_of,
+    write_script,
+)
+
+TABLE = "my-project.telemetry.levanter"
 
 
-class TranspiledBigQuery(DuckDBStore):
-    """Runs the BigQuery rendering on DuckDB after sqlglot transpiles it."""
+SELECTIONS = [
+    Selection(),
+    Selection(run_pattern="%"),
+    Selection(run_ids=("a", "b")),
+    Selection(execution_uids=("e1",)),
+    Selection(run_ids=("a",), execution_uids=("e1", "e2")),
+]
 
-    dialect = BIGQUERY
 
-    def fetch(self, query: Query, deadline=None) -> pa.Table:
-        [duck_sql] = sqlglot.transpile(query.sql, read="bigquery", write="duckdb")
-        return self.connection.sql(duck_sql, params=query.params).to_arrow_table()
+def _plot_samples(selection: Selection) -> Query:
+    return run_samples_query(BIGQUERY, TABLE, selection, "c1", NOW - timedelta(hours=1), NOW)
+
+
+ALERTS, ROLLUP = "my-project.lossspike.loss_spike_alerts", "my-project.lossspike.loss_spike_minutes"
+
+
+def _script_part(script: str, pattern: str) -> str:
+    """One statement of a script the product sends (sqlglot parses statements, not IF blocks)."""
+    found = re.search(pattern, script, re.S)
+    assert found, pattern
+    return found.group(1)
+
+
+# Every statement the product sends to BigQuery, built for one selection. Add new ones here
+# (rollup DDL, tick script, write script, overrides): each is checked for GoogleSQL below.
+BIGQUERY_STATEMENTS: dict[str, Callable[[Selection], Query | str]] = {
+    "tick window query (raw)": lambda sel: loss_window_query(BIGQUERY, TABLE, NOW, Thresholds(), sel),
+    "tick rollup read": lambda sel: bucket_groups_query(
+        BIGQUERY, sel, NOW - timedelta(hours=1), NOW, telemetry_table=TABLE, rollup_table=ROLLUP, recent_start=NOW
+    ),
+    "tick rollup read with the override rows": lambda sel: with_rows_of(
+        bucket_groups_query(
+            BIGQUERY, sel, NOW - timedelta(hours=1), NOW, telemetry_table=TABLE, rollup_table=ROLLUP, recent_start=NOW
+        ).sql,
+        TICK_GROUP_TYPES,
+        "my-project.lossspike.loss_spike_overrides",
+        OVERRIDE_TYPES,
+    ),
+    "backtest buckets": lambda sel: bucket_groups_query(
+        BIGQUERY, sel, NOW - timedelta(hours=1), NOW, telemetry_table=TABLE
+    ),
+    "rollup view": lambda sel: rollup_view_query(TABLE, replace(sel, run_ids=()), NOW),
+    "write: existence test": lambda sel: _script_part(write_script(ALERTS, ALERT_COLUMNS), r"IF EXISTS \((.*?)\) THEN"),
+    "write: replace": lambda sel: _script_part(write_script(ALERTS, ALERT_COLUMNS), r"THEN\n(.*?);\nELSE"),
+    "write: insert": lambda sel: _script_part(write_script(ALERTS, ALERT_COLUMNS), r"ELSE\n(.*?);\nEND IF"),
+    "write: more rows": lambda sel: append_sql(ALERTS, ALERT_COLUMNS),
+    "overrides read": lambda sel: overrides_query(BIGQUERY, "my-project.lossspike.loss_spike_overrides", NOW),
+    "cost --actual": lambda sel: actual_query(NOW, "US"),
+    "plot samples": _plot_samples,
+}
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=str)
+@pytest.mark.parametrize("statement", sorted(BIGQUERY_STATEMENTS))
+def test_bigquery_statements_are_googlesql(statement, selection):
+    built = BIGQUERY_STATEMENTS[statement](selection)
+    sql = built if isinstance(built, str) else built.sql
+    assert_googlesql(sql)
+    if isinstance(built, Query):
+        # Every placeholder is a named parameter we bind, and nothing else is data.
+        tree = sqlglot.parse_one(sql, read="bigquery")
+        assert {p.name for p in tree.find_all(sqlglot.exp.Parameter)} == set(built.params)
+        assert "hero-" not in sql and "2026" not in sql
 
 
 @pytest.mark.parametrize(
-    "selection", [Selection(), Selection(run_ids=("a", "b")), Selection(execution_uids=("e1",))], ids=str
+    "sql",
+    [
+        "SELECT isfinite(value) FROM t",
+        "SELECT arg_max(job_id, timestamp) FROM t",
+        "SELECT list_contains(@ids, run_id) FROM t",
+        "SELECT isnan(value) FROM t",
+        "SELECT CAST(floor(epoch_us(timestamp) / 60000000) AS INT64) FROM t",
+        "SELECT regexp_full_match(run_id, 'x') FROM t",
+        "SELECT fsum(value) FROM t",
+    ],
 )
-def test_bigquery_rendering_parses_as_googlesql(selection):
-    query = loss_window_query(BIGQUERY, "my-project.telemetry.levanter", NOW, Thresholds(), selection)
-    [tree] = sqlglot.parse(query.sql, read="bigquery", error_level=sqlglot.ErrorLevel.RAISE)
-    assert tree.find(sqlglot.exp.Group) is not None
-    # Every placeholder is a named parameter we bind, and nothing else is data.
-    placeholders = {p.name for p in tree.find_all(sqlglot.exp.Parameter)}
-    assert placeholders == set(query.params)
-    assert "hero-%" not in query.sql and "2026" not in query.sql
+def test_googlesql_check_rejects_duckdb_functions(sql):
+    assert googlesql_problems(sql), sql
+
+
+def test_googlesql_check_accepts_googlesql_functions():
+    sql = """SELECT IS_NAN(v), IS_INF(v), COUNTIF(v > 0), MAX_BY(j, t), TIMESTAMP_TRUNC(t, MINUTE),
+      DIV(UNIX_MICROS(t), 60000000), SAFE_DIVIDE(a, b), FLOOR(v), POW(v, 2), STDDEV_SAMP(v),
+      ARRAY_AGG(v ORDER BY t LIMIT 1), IF(v > 0, v, NULL), ABS(v) < 1e150, COALESCE(NULLIF(c, ''), 'x'),
+      VAR_POP(v), AVG(v), MIN(v), MAX(v), COUNT(*), CAST(NULL AS TIMESTAMP)
+    FROM t WHERE r IN UNNEST(@ids)"""
+    assert googlesql_problems(sql) == []
 
 
 def test_duckdb_rendering_parses():
@@ -57,14 +149,12 @@ def test_bigquery_transpiled_returns_duckdb_rows(samples, t, sel):
     store = _BQ_STORE[0]
     store.connection.execute("DROP TABLE IF EXISTS telemetry")
     load_telemetry(store.connection, samples)
-    assert evaluate(store, config, NOW) == duck_rows
+    rows = evaluate(store, config, NOW)
+    assert rows == duck_rows
+    assert_rows_match(rows, expected(samples, NOW, t, sel))
 
 
 def test_nan_cases_agree():
-    from datetime import timedelta
-
-    from oracle import Sample
-
     nan, inf = float("nan"), float("inf")
     samples = [Sample(NOW - timedelta(minutes=m), v, "hero-a") for m, v in [(30, nan), (20, 1.0), (21, -inf)]]
     samples += [Sample(NOW - timedelta(minutes=1), v, "hero-a") for v in (nan, 2.0, inf)]

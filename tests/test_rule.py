@@ -136,11 +136,28 @@ def test_band_uses_larger_of_rise_and_sigma():
 
 
 def test_fleet_row_when_nothing_enrolled():
-    rows = alert_rows([], NOW, T)
-    assert [{k: rows[0][k] for k in ("cluster", "job", "run", "reason", "value")}] == [
-        {"cluster": "fleet", "job": "", "run": "", "reason": "healthy", "value": 0}
-    ]
-    assert rows == [fleet_row(NOW)]
+    # SPEC.md's row, written out: every statistic empty, every count zero.
+    spec_row = {
+        "evaluated_at": NOW,
+        "cluster": "fleet",
+        "job": "",
+        "run": "",
+        "reason": "healthy",
+        "value": 0,
+        "baseline_samples": 0,
+        "baseline_mean": None,
+        "baseline_stddev": None,
+        "baseline_floor": None,
+        "recent_samples": 0,
+        "recent_not_finite": 0,
+        "recent_mean": None,
+        "recent_floor": None,
+        "recent_peak": None,
+        "reference": None,
+        "band": None,
+    }
+    assert alert_rows([], NOW, T) == [spec_row]
+    assert fleet_row(NOW) == spec_row
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Plant known bugs in a copy of the repo, one at a time, and report which the tests notice.
+
+Not part of CI (it runs the slow tests once per mutant): run it after changing the
+tests or the oracle, and quote its total. Each mutant is one exact text
+replacement in `lossspike/` (the replaced text must occur exactly once, so a
+mutant that no longer applies fails loudly instead of passing quietly) and
+the tests that should catch it. The copy is imported through PYTHONPATH, with
+this checkout's .venv python.
+
+    .venv/bin/python scripts/mutation_check.py [--only NAME-SUBSTRING] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Each mutant's tests may take this long; the cloud tests start an emulator.
+TIMEOUT_SECONDS = 900
+# Hypothesis draws differ from run to run; a fixed seed makes the table reproducible.
+HYPOTHESIS_SEED = "12"
+# Not copied: environments, caches and the git store; .tools is linked, not copied.
+SKIP = {".git", ".venv", ".tools", ".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__", "lossspike.egg-info"}
+
+PROPERTIES = ["tests/test_properties.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: list[str]
+
+
+MUTANTS = [
+    # --- the issue's bugs ---
+    Mutant(
+        "rule: >= for > (equality pages)",
+        "lossspike/rule.py",
+        "floor is not None and floor > limit:",
+        "floor is not None and floor >= limit:",
+        [*PROPERTIES, "tests/test_rule.py", "tests/test_backtest.py::test_backtest_judged_runs_match_the_oracle"],
+    ),
+    Mutant(
+        "BigQuery rendering calls DuckDB's isfinite()",
+        "lossspike/sql.py",
+        '    if_="IF({}, {}, NULL)",\n    finite=_FINITE,',
+        '    if_="IF({}, {}, NULL)",\n    finite="isfinite({0}) AND ABS({0}) < 1e150",',
+        ["tests/test_dialects.py"],
+    ),
+    Mutant(
+        "MERGE writes reference into band",
+        "lossspike/bigquery_store.py",
+        'values = ", ".join(f"source.{c}" for c in ALERT_COLUMNS)',
+        'values = ", ".join(f"source.{c}" for c in ALERT_COLUMNS).replace("source.band", "source.reference")',
+        ["tests/test_cloud.py::test_tick_end_to_end"],
+    ),
+    Mutant(
+        "plot draws the recent peak as the floor",
+        "lossspike/plot.py",
+        "floors.append(_value(None if windows is None else windows.recent_floor))",
+        "floors.append(_value(None if windows is None else windows.recent_peak))",
+        ["tests/test_plot.py"],
+    ),
+    # --- our own ---
+    Mutant(
+        "1e150 itself counted finite",
+        "lossspike/sql.py",
+        '_FINITE = "ABS({0}) < 1e150"',
+        '_FINITE = "ABS({0}) <= 1e150"',
+        PROPERTIES,
+    ),
+    Mutant(
+        "recent window starts one instant late",
+        "lossspike/sql.py",
+        "(f\"timestamp >= {d.param.format('recent_start')} AS recent\",)",
+        "(f\"timestamp > {d.param.format('recent_start')} AS recent\",)",
+        PROPERTIES,
+    ),
+    Mutant(
+        "population stddev instead of sample stddev",
+        "lossspike/sql.py",
+        '{stat("STDDEV_SAMP", baseline)} AS baseline_stddev',
+        '{stat("STDDEV_POP", baseline)} AS baseline_stddev',
+        PROPERTIES,
+    ),
+    Mutant(
+        "NaN while warming up reported as warming_up",
+        "lossspike/rule.py",
+        "    if windows.recent_not_finite > 0:\n        return NOT_FINITE, 1\n",
+        "    if windows.recent_not_finite > 0 and windows.baseline_samples >= thresholds.min_baseline_samples:\n"
+        "        return NOT_FINITE, 1\n",
+        [*PROPERTIES, "tests/test_rule.py"],
+    ),
+    Mutant(
+        "NULL values enroll runs",
+        "lossspike/sql.py",
+        "    AND value IS NOT NULL\n    AND {runs}",
+        "    AND {runs}",
+        PROPERTIES,
+    ),
+    Mutant(
+        "job is the oldest, not the newest",
+        "lossspike/sql.py",
+        'newest="arg_max({}, {})",',
+        'newest="arg_min({}, {})",',
+        PROPERTIES,
+    ),
+    Mutant(
+        "empty cluster not normalised to unknown",
+        "lossspike/sql.py",
+        "\"COALESCE(NULLIF(cluster, ''), 'unknown') AS cluster\",",
+        "\"COALESCE(cluster, 'unknown') AS cluster\",",
+        PROPERTIES,
+    ),
+    Mutant(
+        "backtest baseline one minute short",
+        "lossspike/backtest.py",
+        "base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes",
+        "base_start, recent_start = ends - t.baseline_minutes + 1, ends - t.recent_minutes",
+        ["tests/test_backtest.py"],
+    ),
+    Mutant(
+        "DuckDB write stores the floor as the peak",
+        "lossspike/schema.py",
+        "[{k: row[k] for k in ALERT_COLUMNS} for row in rows]",
+        '[{k: row["recent_floor" if k == "recent_peak" else k] for k in ALERT_COLUMNS} for row in rows]',
+        ["tests/test_properties.py::test_written_alert_rows_match_python_recomputation", "tests/test_cli.py"],
+    ),
+    Mutant(
+        "plot draws the reference as the band",
+        "lossspike/plot.py",
+        "limits.append(_value(None if windows is None else band(windows, t)))",
+        "limits.append(_value(None if windows is None else reference(windows, t)))",
+        ["tests/test_plot.py"],
+    ),
+    Mutant(
+        "band ignores min_rise when sigma gives more (sum instead of max)",
+        "lossspike/rule.py",
+        "return level + max(thresholds.min_rise, thresholds.sigma * spread)",
+        "return level + thresholds.min_rise + thresholds.sigma * spread",
+        [*PROPERTIES, "tests/test_rule.py"],
+    ),
+]
+
+
+def copy_repo(target: Path) -> None:
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        return {n for n in names if n in SKIP or n.endswith((".duckdb", ".png"))}
+
+    shutil.copytree(REPO, target, ignore=ignore, symlinks=True)
+    tools = REPO / ".tools"
+    if tools.exists():
+        (target / ".tools").symlink_to(tools.resolve())
+
+
+def run_tests(copy: Path, tests: list[str]) -> tuple[int, float, str]:
+    shutil.rmtree(copy / ".hypothesis", ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    env = {k: v for k, v in env.items() if not k.startswith("LOSSSPIKE_")}
+    python = REPO / ".venv" / "bin" / "python"
+    command = [str(python), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    command += [f"--hypothesis-seed={HYPOTHESIS_SEED}", *tests]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+    summary = (done.stdout.strip().splitlines() or [""])[-1]
+    return done.returncode, time.monotonic() - started, summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run the mutants whose name contains this text")
+    parser.add_argument("--keep", action="store_true", help="keep the copy and print its path")
+    args = parser.parse_args()
+    mutants = [m for m in MUTANTS if not args.only or args.only in m.name]
+
+    work = Path(tempfile.mkdtemp(prefix="lossspike-mutants-"))
+    copy = work / "repo"
+    copy_repo(copy)
+    try:
+        # The copy must be importable and the tests must pass before any bug is planted.
+        tests = sorted({t for m in mutants for t in m.tests})
+        code, seconds, summary = run_tests(copy, tests)
+        print(f"unmutated: {'PASS' if code == 0 else 'FAIL'} in {seconds:.0f} s ({summary})", flush=True)
+        if code != 0:
+            return 2
+        print(
+            "not a product bug, not planted: a looser oracle (its tolerance is a parameter of tests/oracle.py)",
+            flush=True,
+        )
+        killed = 0
+        for mutant in mutants:
+            target = copy / mutant.path
+            original = target.read_text()
+            if original.count(mutant.old) != 1:
+                print(f"CANNOT APPLY  {mutant.name}: the text to replace is not in {mutant.path} exactly once")
+                return 2
+            target.write_text(original.replace(mutant.old, mutant.new))
+            try:
+                code, seconds, summary = run_tests(copy, mutant.tests)
+            finally:
+                target.write_text(original)
+            # pytest exits 1 when a test failed; 2-4 mean the run itself broke (an import error).
+            verdict = "KILLED" if code == 1 else "SURVIVED" if code == 0 else f"ERROR({code})"
+            killed += verdict == "KILLED"
+            print(f"{verdict:<9} {mutant.name}  [{seconds:.0f} s: {summary}]", flush=True)
+        print(f"total: {killed} of {len(mutants)} mutants killed, {len(mutants) - killed} not killed")
+        return 0 if killed == len(mutants) else 1
+    finally:
+        if args.keep:
+            print(f"copy kept at {copy}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
