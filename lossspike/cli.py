@@ -196,7 +196,7 @@ class _OverrideTable:
         self.account: str | None = None
         if self.settings.backend == "bigquery":
             from lossspike import overrides
-            from lossspike.evaluate import StoreError
+            from lossspike.store import StoreError
 
             try:
                 self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
@@ -220,7 +220,7 @@ class _OverrideTable:
 
     def insert(self, row: Any) -> None:
         from lossspike import overrides
-        from lossspike.evaluate import StoreError
+        from lossspike.store import StoreError
 
         if self.client is None:
             with self._duckdb(read_only=False) as store:
@@ -233,7 +233,7 @@ class _OverrideTable:
 
     def read(self, now: datetime) -> list[Any]:
         from lossspike import overrides
-        from lossspike.evaluate import StoreError
+        from lossspike.store import StoreError
 
         if self.client is None:
             with self._duckdb(read_only=True) as store:
@@ -245,18 +245,16 @@ class _OverrideTable:
 
     def watched_runs(self, now: datetime) -> list[tuple[str, str]]:
         """The (cluster, run) pairs enrolled at `now`: what a new row can match."""
-        from lossspike.evaluate import window_query
-        from lossspike.rule import enrolled_runs
+        from lossspike.evaluate import raw_enrolled
 
         if self.client is None:
             with self._duckdb(read_only=True) as store:
-                result = store.fetch(window_query(store, self.settings, now))
+                runs = raw_enrolled(store, self.settings, now)
         else:
             from lossspike.bigquery_store import BigQueryStore
 
-            store = BigQueryStore(self.settings, self.client)
-            result = store.fetch(window_query(store, self.settings, now))
-        return [(r.cluster, r.run) for r in enrolled_runs(result)]
+            runs = raw_enrolled(BigQueryStore(self.settings, self.client), self.settings, now)
+        return [(r.cluster, r.run) for r in runs]
 
 
 def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
@@ -279,7 +277,7 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 
 
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
-    from lossspike.evaluate import StoreError
+    from lossspike.store import StoreError
     from lossspike.overrides import matches
 
     table.insert(row)

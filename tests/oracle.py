@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -71,6 +71,44 @@ def like(pattern: str, text: str | None) -> bool:
     return re.fullmatch(regex, text, flags=re.DOTALL) is not None
 
 
+def _escaped_like(pattern: str, text: str) -> bool:
+    """SQL LIKE where a backslash makes the next character literal (the override table's patterns)."""
+    regex, chars = "", iter(pattern)
+    for ch in chars:
+        if ch == "\\":
+            regex += re.escape(next(chars, "\\"))
+        else:
+            regex += ".*" if ch == "%" else "." if ch == "_" else re.escape(ch)
+    return re.fullmatch(regex, text, flags=re.DOTALL) is not None
+
+
+OVERRIDE_THRESHOLDS = ("sigma", "min_rise", "min_baseline_samples", "min_recent_samples", "reference", "stall_minutes")
+
+
+def in_force(overrides: list, cluster: str, run: str, now: datetime, t: Thresholds) -> tuple[Thresholds, bool, Any]:
+    """SPEC's per-column resolution: (thresholds, silenced, note) for one run at `now`.
+
+    Among rows written at or before `now` that match the run, each column comes from the
+    newest row setting it, a row naming the run's cluster before any row for every cluster.
+    """
+
+    def matching(row: Any) -> bool:
+        row_cluster = None if row.cluster is None else (row.cluster or "unknown")
+        return row.created_at <= now and row_cluster in (None, cluster) and _escaped_like(row.run_pattern, run)
+
+    ranked = sorted(
+        (r for r in overrides if matching(r)), key=lambda r: (r.cluster is not None, r.created_at), reverse=True
+    )
+
+    def newest(column: str) -> Any:
+        return next((getattr(r, column) for r in ranked if getattr(r, column) is not None), None)
+
+    values = {c: newest(c) for c in OVERRIDE_THRESHOLDS if newest(c) is not None}
+    until, finished = newest("silenced_until"), newest("finished")
+    silenced = (until is not None and until > now) or finished is True
+    return replace(t, **values), silenced, newest("note")
+
+
 def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
     """(mean, sample stddev, floor); stddev None below two values."""
     if not values:
@@ -121,8 +159,13 @@ def verdict(row: dict[str, Any], t: Thresholds) -> str:
     return "healthy"
 
 
-def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection) -> list[Row]:
-    """The alert rows SPEC.md asks for at `now`, sorted by (cluster, run) in code-point order."""
+def expected(
+    samples: list[Sample], now: datetime, t: Thresholds, sel: Selection, overrides: list | tuple = ()
+) -> list[Row]:
+    """The alert rows SPEC.md asks for at `now`, sorted by (cluster, run) in code-point order.
+
+    `overrides` are override rows (anything with the override table's columns as attributes).
+    """
     start = now - timedelta(minutes=t.baseline_minutes)
     recent_start = now - timedelta(minutes=t.recent_minutes)
 
@@ -170,8 +213,14 @@ def expected(samples: list[Sample], now: datetime, t: Thresholds, sel: Selection
             # The newest loss sample of the hour, NaN included (NULLs are not samples).
             last_loss_at=max((s.timestamp for s in loss), default=None),
         )
-        row["reason"] = verdict(row, t)
-        row["value"] = int(row["reason"] in PAGING)
+        rule, silenced, note = in_force(list(overrides), cluster, run, now, t)
+        level = row["baseline_mean"] if rule.reference == "mean" else row["baseline_floor"]
+        row["reference"] = level
+        spread = rule.sigma * (row["baseline_stddev"] or 0.0)
+        row["band"] = None if level is None else level + max(rule.min_rise, spread)
+        row["reason"] = verdict(row, rule)
+        row["value"] = int(row["reason"] in PAGING and not silenced)
+        row.update(silenced=silenced, note=note)
         row.scale = max((abs(v) for v in base + recent_finite), default=0.0)
         rows.append(row)
     if not rows:
@@ -245,7 +294,7 @@ def assert_rows_match(
         assert bool(got.get("silenced")) == want["silenced"] and got.get("note") == want["note"], where
         for key in STAT_KEYS:
             assert close(got[key], want[key], scale, rel), (where, key, got[key], want[key], scale)
-        assert got["value"] == int(got["reason"] in PAGING), (where, got["reason"], got["value"])
+        assert got["value"] == int(got["reason"] in PAGING and not got.get("silenced")), (where, got["value"])
         if got["reason"] in ("spiking", "healthy"):
             # SPEC: `>`, not `>=`; the row's own floor and band must give its verdict.
             own = got["recent_floor"] is not None and got["band"] is not None and got["recent_floor"] > got["band"]

@@ -149,13 +149,16 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
     base, loose = Thresholds(), Thresholds(sigma=0.0, min_rise=0.01, reference="floor", baseline_minutes=90)
     with Counting(demo_db, read_only=True) as store:
         strict_result, loose_result = backtest(store, Settings(), ticks, [base, loose], detail=True)
-        assert len(calls) == 1
-        assert calls[0].params["start"] == ticks[0] - timedelta(minutes=90)
+        # One query for the telemetry, however many variants; the override rows are the other.
+        buckets = [q for q in calls if "loss_base" in q.sql]
+        assert len(buckets) == 1 and len(calls) == 2
+        assert buckets[0].params["start"] == ticks[0] - timedelta(minutes=90)
         for variant, result in ((base, strict_result), (loose, loose_result)):
             for i in (0, 30, 60):
                 config = Settings(thresholds=variant)
                 assert_same_verdicts(result.rows_at(i), evaluate(store, config, ticks[i]))
-                assert_rows_match(result.rows_at(i), expected(samples, ticks[i], variant, Selection()))
+                wanted = expected(samples, ticks[i], variant, Selection(), store.read_overrides(ticks[i]))
+                assert_rows_match(result.rows_at(i), wanted)
     assert loose_result.summary()["pages"] > strict_result.summary()["pages"]
 
 
@@ -164,15 +167,22 @@ def test_episodes_on_the_demo(demo_db):
     with DuckDBStore(demo_db, read_only=True) as store:
         [result] = backtest(store, Settings(), ticks)
     episodes = {(e.run, e.reason): e for e in result.episodes()}
-    assert set(episodes) == {("hero-qwen-32b", "spiking"), ("hero-gemma-2b", "not_finite")}
+    # hero-phi-3 spikes too, but an override silenced it: it never pages.
+    assert set(episodes) == {
+        ("hero-qwen-32b", "spiking"),
+        ("hero-gemma-2b", "not_finite"),
+        ("hero-deepseek", "stalled"),
+    }
+    # hero-deepseek's last loss came at 11:40: stalled from 11:55 (15 minutes later) on, one page.
+    assert episodes["hero-deepseek", "stalled"].first_tick == NOW - timedelta(minutes=5)
     spike = episodes["hero-qwen-32b", "spiking"]
     assert spike.first_tick == NOW and spike.ticks == (spike.last_tick - spike.first_tick) // timedelta(minutes=1) + 1
     assert spike.max_margin > 0.4
     assert episodes["hero-gemma-2b", "not_finite"].max_margin is None
     summary = result.summary()
-    assert summary["runs"] == 5 and summary["pages"] == 2
-    assert summary["pages_by_reason"] == {"spiking": 1, "not_finite": 1}
-    assert summary["pages_per_run_day"] == pytest.approx(2 / summary["run_days"])
+    assert summary["runs"] == 7 and summary["pages"] == 3
+    assert summary["pages_by_reason"] == {"spiking": 1, "not_finite": 1, "stalled": 1}
+    assert summary["pages_per_run_day"] == pytest.approx(3 / summary["run_days"])
 
 
 def test_ticks_are_whole_minutes_and_ranges_are_checked():
@@ -196,9 +206,10 @@ def test_bigquery_rendering_gives_the_same_backtest(demo_db):
         [want] = backtest(duck, Settings(), ticks)
     with TranspiledBigQuery(demo_db, read_only=True) as bigquery:
         [got] = backtest(bigquery, Settings(), ticks, detail=True)
+        overrides = bigquery.read_overrides(NOW)
     samples = telemetry_samples(demo_db)
     for i in (0, 15, 30):
-        assert_rows_match(got.rows_at(i), expected(samples, ticks[i], Thresholds(), Selection()))
+        assert_rows_match(got.rows_at(i), expected(samples, ticks[i], Thresholds(), Selection(), overrides))
     assert [(h.cluster, h.run, h.codes.tolist()) for h in got.runs] == [
         (h.cluster, h.run, h.codes.tolist()) for h in want.runs
     ]
@@ -216,7 +227,7 @@ def test_backtest_cli_json_and_table(demo_db):
     report = json.loads(result.stdout)
     assert report["ticks"] == 61 and report["start"] == "2026-11-30T11:00:00Z" and report["end"] == NOW_TEXT
     [variant] = report["variants"]
-    assert variant["summary"]["pages"] == 2
+    assert variant["summary"]["pages"] == 3
     runs = {r["run"]: r for r in variant["runs"]}
     assert [e["reason"] for e in runs["hero-qwen-32b"]["episodes"]] == ["spiking"]
     assert runs["hero-qwen-32b"]["episodes"][0]["first_tick"] == NOW_TEXT

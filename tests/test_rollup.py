@@ -41,13 +41,14 @@ def _store(samples) -> DuckDBStore:
     return store
 
 
-def _relative(a: float | None, b: float | None) -> float:
+def _relative(a: float | None, b: float | None, scale: float) -> float:
+    """The difference relative to the larger value, or to the run's largest loss where values cancel."""
     if a is None or b is None:
         assert a is b
         return 0.0
     if a == b:
         return 0.0
-    return abs(a - b) / max(abs(a), abs(b))
+    return abs(a - b) / max(abs(a), abs(b), scale)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -60,6 +61,7 @@ def test_rollup_windows_equal_the_raw_query(samples, t, sel, minutes_back):
     merged = rollup_enrolled(store, config, now)
     assert [(r.cluster, r.run) for r in merged] == [(r.cluster, r.run) for r in raw]
     worst = 0.0
+    scales = {(r["cluster"], r["run"]): r.scale for r in expected(samples, now, t, sel)}
     for got, want in zip(merged, raw, strict=True):
         g, w = got.windows, want.windows
         for key in ("baseline_samples", "recent_samples", "recent_not_finite", "baseline_floor", "recent_floor"):
@@ -68,7 +70,7 @@ def test_rollup_windows_equal_the_raw_query(samples, t, sel, minutes_back):
         deciding = w.baseline_stddev is not None and t.sigma * w.baseline_stddev > t.min_rise > 0
         limit = DECIDING if deciding else ELSEWHERE
         for key in ("baseline_mean", "baseline_stddev", "recent_mean"):
-            error = _relative(getattr(g, key), getattr(w, key))
+            error = _relative(getattr(g, key), getattr(w, key), scales[(got.cluster, got.run)])
             worst = max(worst, error)
             assert error <= limit, (got.run, key, getattr(g, key), getattr(w, key))
         assert got.job == want.job or not want.job or got.job, (got.run, got.job, want.job)

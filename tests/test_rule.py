@@ -155,6 +155,9 @@ def test_fleet_row_when_nothing_enrolled():
         "recent_peak": None,
         "reference": None,
         "band": None,
+        "last_loss_at": None,
+        "silenced": False,
+        "note": None,
     }
     assert alert_rows([], NOW, T) == [spec_row]
     assert fleet_row(NOW) == spec_row

@@ -27,6 +27,7 @@ def test_every_variable_is_read():
         "LOSSSPIKE_LOCATION": "EU",
         "LOSSSPIKE_TELEMETRY_TABLE": "my-proj.ds.telemetry",
         "LOSSSPIKE_ALERTS_TABLE": "my-proj.ds.alerts",
+        "LOSSSPIKE_ROLLUP_TABLE": "my-proj.ds.minutes",
         "LOSSSPIKE_METRIC_PREFIX": "custom.googleapis.com/ml/",
         "LOSSSPIKE_MAX_BYTES_BILLED": "1000000",
         "LOSSSPIKE_MONITORING": "false",
@@ -55,6 +56,7 @@ def test_every_variable_is_read():
         1000000,
         False,
     )
+    assert s.rollup_table == "my-proj.ds.minutes"
     assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20)
     assert s.selection == Selection("lev", "loss", "big-%", ("a", "b"), ("e1",))
 
