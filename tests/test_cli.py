@@ -184,6 +184,8 @@ def test_demo_shows_every_reason(tmp_path):
         "hero-qwen-32b": ("spiking", "1"),
         "hero-gemma-2b": ("not_finite", "1"),
         "hero-olmo-1b": ("warming_up", "0"),
+        "hero-deepseek": ("stalled", "1"),
+        "hero-phi-3": ("spiking", "0 silenced"),
     }
     assert "ablation-lr-sweep" in result.stdout  # explained as not watched
     assert (tmp_path / "lossspike-demo.duckdb").is_file()

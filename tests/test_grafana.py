@@ -269,6 +269,8 @@ def test_latest_verdict_table(warehouse):
         "hero-llama-8b": (now, "healthy", 0),
         "hero-mixtral": (now, "healthy", 0),
         "hero-olmo-1b": (now, "warming_up", 0),
+        "hero-deepseek": (now, "stalled", 1),
+        "hero-phi-3": (now, "spiking", 0),  # silenced by the demo's override row
     }
     assert [row[6] for row in rows] == sorted((row[6] for row in rows), reverse=True)  # pages first
     # age: seconds since the verdict, so a run that stopped being watched visibly ages.
@@ -308,7 +310,7 @@ def test_state_timeline_has_one_state_per_run_and_tick(warehouse):
     assert target["format"] == 0
     _, rows = run_bigquery_sql(connection, dashboard_sql(target["rawSql"], now))
     # hero-olmo-1b started 7 minutes ago: it has a lane only from its first sample on.
-    assert len(rows) == 5 * TICKS - (TICKS - 7)
+    assert len(rows) == 7 * TICKS - (TICKS - 7)
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
     mappings = panel("Verdict per run")["fieldConfig"]["defaults"]["mappings"][0]["options"]
     assert {m["text"] for m in mappings.values()} == {"healthy", "warming_up", *PAGING_REASONS}
@@ -386,7 +388,15 @@ def test_run_variable_lists_watched_runs_and_defaults_to_all(warehouse):
     run = variable_def("run")
     assert run["current"]["value"] == ["$__all"] and run["includeAll"] and run["multi"]
     _, rows = run_bigquery_sql(connection, dashboard_sql(run["query"]["rawSql"], now))
-    assert [r[0] for r in rows] == ["hero-gemma-2b", "hero-llama-8b", "hero-mixtral", "hero-olmo-1b", "hero-qwen-32b"]
+    assert [r[0] for r in rows] == [
+        "hero-deepseek",
+        "hero-gemma-2b",
+        "hero-llama-8b",
+        "hero-mixtral",
+        "hero-olmo-1b",
+        "hero-phi-3",
+        "hero-qwen-32b",
+    ]
 
 
 # --- alert rule ------------------------------------------------------------------------------
@@ -423,10 +433,11 @@ def test_grafana_belief_alert_rule_returns_one_instance_per_run_and_reason(wareh
     numeric = [t for t in types if t in ("INTEGER", "BIGINT", "DOUBLE", "HUGEINT")]
     assert len(numeric) == 1 and types.count("VARCHAR") == 3  # cluster, run, reason: no job
     instances = [(r[0], r[1], r[2]) for r in rows]
-    assert len(instances) == len(set(instances)) == 5 * len(PAGING_REASONS)
+    assert len(instances) == len(set(instances)) == 7 * len(PAGING_REASONS)
     assert {r[2] for r in rows} == set(PAGING_REASONS)
     firing = {(r[1], r[2]) for r in rows if r[3] == 1}
-    assert firing == {("hero-qwen-32b", "spiking"), ("hero-gemma-2b", "not_finite")}
+    # hero-phi-3 spikes too, but the demo's override silenced it: value 0, no page.
+    assert firing == {("hero-qwen-32b", "spiking"), ("hero-gemma-2b", "not_finite"), ("hero-deepseek", "stalled")}
     threshold = next(d for d in rule["data"] if d["refId"] == "B")["model"]
     assert threshold["type"] == "threshold"
     assert threshold["conditions"][0]["evaluator"] == {"type": "gt", "params": [0.5]}
@@ -438,7 +449,7 @@ def test_alert_rule_does_not_page_a_silenced_run(warehouse):
     silenced = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
     with rule_view(connection, silenced):
         _, rows = run_bigquery_sql(connection, rule_sql())
-    assert {(r[1], r[2]) for r in rows if r[3] == 1} == {("hero-gemma-2b", "not_finite")}
+    assert {(r[1], r[2]) for r in rows if r[3] == 1} == {("hero-gemma-2b", "not_finite"), ("hero-deepseek", "stalled")}
 
 
 def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tmp_path):

@@ -16,6 +16,8 @@ DEMO_VERDICTS = {
     ("hero-qwen-32b", "spiking", "1"),
     ("hero-gemma-2b", "not_finite", "1"),
     ("hero-olmo-1b", "warming_up", "0"),
+    ("hero-deepseek", "stalled", "1"),
+    ("hero-phi-3", "spiking", "0 silenced"),
 }
 
 
