@@ -137,3 +137,16 @@ resource "time_static" "rollup_built" {
     run_pattern     = local.rollup_run_pattern
   }
 }
+
+# Per-run overrides and silences, one row per change, written only by INSERT (lossspike silence /
+# override); the schema is lossspike/overrides_schema.json, shared with the Python code.
+resource "google_bigquery_table" "overrides" {
+  #checkov:skip=CKV_GCP_80:Override rows are not sensitive; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
+  project             = var.project_id
+  dataset_id          = google_bigquery_dataset.alerts.dataset_id
+  table_id            = "loss_spike_overrides"
+  description         = "lossspike per-run overrides and silences: one row per change, never updated."
+  deletion_protection = var.deletion_protection
+  labels              = local.labels
+  schema              = file("${path.module}/../lossspike/overrides_schema.json")
+}

@@ -35,6 +35,7 @@ resource "google_cloudfunctions2_function" "evaluator" {
     time_sleep.build_grants,
     google_bigquery_table_iam_member.alerts_editor,
     google_bigquery_table_iam_member.rollup_editor,
+    google_bigquery_table_iam_member.overrides_viewer,
     google_project_iam_member.function_job_user,
     google_project_iam_member.function_metric_writer,
   ]

@@ -53,6 +53,15 @@ resource "google_bigquery_table_iam_member" "alerts_editor" {
   member     = "serviceAccount:${google_service_account.function.email}"
 }
 
+# Read the override rows and their table's metadata (the tick re-reads them only after a change).
+resource "google_bigquery_table_iam_member" "overrides_viewer" {
+  project    = var.project_id
+  dataset_id = google_bigquery_dataset.alerts.dataset_id
+  table_id   = google_bigquery_table.overrides.table_id
+  role       = "roles/bigquery.dataViewer"
+  member     = "serviceAccount:${google_service_account.function.email}"
+}
+
 # Refresh the rollup view before each read: a manual refresh needs bigquery.tables.updateData
 # on the view (https://cloud.google.com/bigquery/docs/materialized-views-manage#refresh).
 resource "google_bigquery_table_iam_member" "rollup_editor" {

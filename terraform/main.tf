@@ -33,6 +33,9 @@ locals {
   window_check = { ok = true }[
     var.recent_minutes < var.baseline_minutes ? "ok" : "recent_minutes must be less than baseline_minutes"
   ]
+  stall_check = { ok = true }[
+    var.stall_minutes < var.baseline_minutes ? "ok" : "stall_minutes must be less than baseline_minutes"
+  ]
 
   runbook = var.runbook_url != "" ? var.runbook_url : "docs/runbook.md in the lossspike repository"
 
@@ -56,6 +59,7 @@ locals {
     LOSSSPIKE_MIN_BASELINE_SAMPLES = tostring(var.min_baseline_samples)
     LOSSSPIKE_MIN_RECENT_SAMPLES   = tostring(var.min_recent_samples)
     LOSSSPIKE_REFERENCE            = var.reference
+    LOSSSPIKE_STALL_MINUTES        = tostring(var.stall_minutes)
     LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
     LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
   })

@@ -274,6 +274,17 @@ variable "reference" {
   }
 }
 
+variable "stall_minutes" {
+  description = "Minutes without a loss sample before a run is stalled and pages; 0 turns the check off. Less than baseline_minutes."
+  type        = number
+  default     = 15
+
+  validation {
+    condition     = var.stall_minutes >= 0 && floor(var.stall_minutes) == tonumber(var.stall_minutes)
+    error_message = "The stall_minutes must be a whole number >= 0."
+  }
+}
+
 # ---------------------------------------------------------------------------------------------
 # Function and schedule
 # ---------------------------------------------------------------------------------------------

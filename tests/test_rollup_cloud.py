@@ -9,6 +9,7 @@ oracle's rows. The view is the unpartitioned form of Terraform's definition
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import uuid
@@ -20,20 +21,27 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from oracle import Sample, assert_rows_match, expected
 from servers import bigquery as bqserver
+from servers.proxy import Faults, faulty_proxy
 
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.rule import Thresholds, alert_rows
 from lossspike.settings import Settings
 from lossspike.sql import Selection
+from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"
 START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    with bqserver.bigquery_emulator(PROJECT) as endpoint:
-        yield bqserver.make_client(endpoint, PROJECT)
+def endpoint():
+    with bqserver.bigquery_emulator(PROJECT) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def emulator(endpoint):
+    return bqserver.make_client(endpoint, PROJECT)
 
 
 class Deployment:
@@ -152,3 +160,35 @@ def test_write_replaces_an_earlier_write_of_the_same_time(emulator):
     ]
     # The fleet row of the first attempt is gone; the retry's rows are there once, every column as computed.
     assert [{k: r[k] for k in second[0]} for r in stored] == second
+
+
+# BigQuery's answer to a job over its byte cap: reason bytesBilledLimitExceeded
+# (https://cloud.google.com/bigquery/docs/error-messages).
+OVER_THE_CAP = json.dumps(
+    {
+        "error": {
+            "code": 400,
+            "message": "Query exceeded limit for bytes billed: 2147483648. 26843545600 or higher required.",
+            "errors": [{"reason": "bytesBilledLimitExceeded", "message": "Query exceeded limit for bytes billed"}],
+            "status": "INVALID_ARGUMENT",
+        }
+    }
+).encode()
+
+
+def test_a_backlog_over_the_cap_says_catching_up_and_the_next_tick_recovers(emulator, endpoint, capsys):
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    tick = START + timedelta(hours=3)
+    deployment.insert([Sample(tick - timedelta(seconds=20 * i), 2.0, "hero-a") for i in range(1, 200)])
+    faults = Faults(status=400, payload=OVER_THE_CAP, fail_next=1)
+    with faulty_proxy(endpoint, faults) as url:
+        store = BigQueryStore(deployment.settings, bqserver.make_client(url, PROJECT))
+        sinks = {"alerts_table": lambda rows, deadline: {"rows": store.write_alerts(rows, deadline)}}
+        first = run_tick(store, sinks, deployment.settings, tick)
+        second = run_tick(store, sinks, deployment.settings, tick + timedelta(minutes=1))
+    assert not first.ok and first.error.startswith("StoreError: catching up:")
+    [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "catching up" in x]
+    assert line["severity"] == "ERROR" and "automatic refresh" in line["message"]
+    # The refresh is not retried inside the tick (a cap error is final); the next tick recovers.
+    assert len(faults.matching()) >= 1 and second.ok
+    assert [(r["run"], r["reason"]) for r in second.rows] == [("hero-a", "healthy")]

@@ -39,6 +39,7 @@ THRESHOLD_VARS = {
     "min_baseline_samples": 1,  # Python's floor: Terraform must accept it too
     "min_recent_samples": 3,
     "reference": "floor",
+    "stall_minutes": 20,
 }
 EXAMPLE_VARS = {
     "project_id": PROJECT,
@@ -66,6 +67,7 @@ EXPECTED_BINDINGS = {
     "google_bigquery_table_iam_member.telemetry_viewer[0]": ("roles/bigquery.dataViewer", "function"),
     "google_bigquery_table_iam_member.alerts_editor": ("roles/bigquery.dataEditor", "function"),
     "google_bigquery_table_iam_member.rollup_editor": ("roles/bigquery.dataEditor", "function"),
+    "google_bigquery_table_iam_member.overrides_viewer": ("roles/bigquery.dataViewer", "function"),
     "google_project_iam_member.function_job_user": ("roles/bigquery.jobUser", "function"),
     "google_project_iam_member.function_metric_writer": ("roles/monitoring.metricWriter", "function"),
     "google_cloud_run_service_iam_member.invoker": ("roles/run.invoker", "invoker"),
@@ -546,3 +548,31 @@ def test_a_pattern_the_view_cannot_hold_fails_the_plan(workdir: Path) -> None:
         timeout=300,
     )
     assert result.returncode != 0 and "run_pattern" in result.stderr
+
+
+def test_overrides_table_has_the_python_schema(plan: dict) -> None:
+    table = _after(plan, "google_bigquery_table.overrides")
+    assert table["table_id"] == "loss_spike_overrides"
+    assert json.loads(table["schema"]) == json.loads((REPO / "lossspike" / "overrides_schema.json").read_text())
+
+
+def test_stall_minutes_at_or_above_the_baseline_fails_the_plan(workdir: Path) -> None:
+    result = subprocess.run(
+        [
+            str(TERRAFORM),
+            "plan",
+            "-refresh=false",
+            "-input=false",
+            "-no-color",
+            "-lock=false",
+            "-var-file=example.tfvars.json",
+            "-var",
+            "stall_minutes=90",
+        ],
+        cwd=workdir,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0 and "stall_minutes must be less than baseline_minutes" in result.stderr
