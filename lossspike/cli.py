@@ -277,8 +277,8 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 
 
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
-    from lossspike.store import StoreError
     from lossspike.overrides import matches
+    from lossspike.store import StoreError
 
     table.insert(row)
     sys.stdout.write(f"wrote to {table.where()}: {_describe_override(row)}\n")
