@@ -451,7 +451,7 @@ def _judge(
     def loss_times() -> list[datetime | None]:
         present = w["loss_in_window"][row, enrolled]
         return [
-            _EPOCH + timedelta(microseconds=int(us)) if has else None
+            _EPOCH + timedelta(microseconds=us) if has else None
             for us, has in zip(w["last_loss_us"][row, enrolled].tolist(), present.tolist(), strict=True)
         ]
 

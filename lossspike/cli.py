@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     sql = commands.add_parser("sql", help="print the tick's query and its parameters")
     sql.add_argument("--dialect", choices=("bigquery", "duckdb"), default="bigquery")
     sql.add_argument("--table", help="telemetry table [$LOSSSPIKE_TELEMETRY_TABLE or telemetry]")
+    sql.add_argument(
+        "--rollup-table",
+        metavar="VIEW",
+        help="print instead the BigQuery tick's script over this rollup view, and the view's own query",
+    )
     _add_now(sql)
     _add_rule_flags(sql)
 
@@ -503,13 +508,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.sql import DIALECTS, loss_window_query
 
-    settings = _settings(args, telemetry_table=args.table)
+    settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
-    query = loss_window_query(
-        DIALECTS[args.dialect], settings.telemetry_table, now, settings.thresholds, settings.selection
-    )
+    if args.rollup_table:
+        from lossspike.evaluate import rollup_query
+        from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query
+
+        read = rollup_query(BIGQUERY, settings, now.replace(second=0, microsecond=0))
+        text = f"{refresh_statement(settings.rollup_table)}\n{read.sql}"
+        view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2))
+        query = type(read)(text, read.params)
+        footer = f"\n\n-- the view's query (Terraform: terraform/sql/loss_spike_minutes.sql)\n{view}\n"
+    else:
+        query = loss_window_query(
+            DIALECTS[args.dialect], settings.telemetry_table, now, settings.thresholds, settings.selection
+        )
+        footer = ""
     params = {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in query.params.items()}
-    sys.stdout.write(query.sql + ";\n\n-- parameters\n" + json.dumps(params, indent=2) + "\n")
+    sys.stdout.write(query.sql + ";\n\n-- parameters\n" + json.dumps(params, indent=2) + footer + "\n")
     return 0
 
 

@@ -186,21 +186,15 @@ def is_stalled(last_loss_at: datetime | None, now: datetime, thresholds: Thresho
     return last_loss_at < now - timedelta(minutes=thresholds.stall_minutes)
 
 
-def loss_spike_reason(
-    windows: LossWindows | None, thresholds: Thresholds, now: datetime | None = None
-) -> tuple[str, int]:
-    """Return the run's reason and its paging value, first match wins.
-
-    The stall check needs the evaluation time; without `now` it is skipped (a
-    caller that has no newest-sample time cannot judge it).
-    """
+def loss_spike_reason(windows: LossWindows | None, thresholds: Thresholds, now: datetime) -> tuple[str, int]:
+    """Return the run's reason and its paging value at evaluation time `now`, first match wins."""
     if windows is None:
         return WARMING_UP, 0
     # A NaN loss is never noise, so it pages even before the baseline fills.
     if windows.recent_not_finite > 0:
         return NOT_FINITE, 1
     # Before warming_up: a run that logged ten minutes and died is a page, not a warm-up.
-    if now is not None and is_stalled(windows.last_loss_at, now, thresholds):
+    if is_stalled(windows.last_loss_at, now, thresholds):
         return STALLED, 1
     if (
         windows.baseline_samples < thresholds.min_baseline_samples

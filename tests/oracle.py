@@ -170,7 +170,8 @@ def expected(
     recent_start = now - timedelta(minutes=t.recent_minutes)
 
     def watched(s: Sample) -> bool:
-        if s.run_id is None:
+        # SPEC: an empty run ID is never enrolled, whatever the pattern (it would look like the fleet row).
+        if not s.run_id:
             return False
         return s.run_id in sel.run_ids if sel.run_ids else like(sel.run_pattern, s.run_id)
 

@@ -26,6 +26,7 @@ RUN_IDS = st.sampled_from(
         "side-run",
         "HERO-upper",
         "hero-",
+        "",
     ]
 )
 CLUSTERS = st.sampled_from(["c1", "c2", "", None, "unknown", "o'hare"])

@@ -83,7 +83,7 @@ ABOVE = math.nextafter(2.06, INF)
     ],
 )
 def test_reason(case, w, thresholds, expected):
-    assert loss_spike_reason(w, thresholds) == expected, case
+    assert loss_spike_reason(w, thresholds, NOW) == expected, case
 
 
 # --- stalled: the newest loss sample against now - stall_minutes (15 by default) ----------
@@ -317,4 +317,4 @@ def test_readme_worked_example(recent_values, expected):
         recent_floor=min(finite),
     )
     assert band(w, T) == 2.06
-    assert loss_spike_reason(w, T)[0] == expected
+    assert loss_spike_reason(w, T, NOW)[0] == expected
