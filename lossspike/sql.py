@@ -122,6 +122,15 @@ def window_bounds(now: datetime, thresholds: Thresholds) -> tuple[datetime, date
     )
 
 
+def watched_runs(dialect: Dialect, selection: Selection, params: dict[str, object]) -> str:
+    """The condition on run_id: the explicit run list, else the pattern; adds its parameter."""
+    if selection.run_ids:
+        params["run_ids"] = list(selection.run_ids)
+        return dialect.in_list.format("run_id", dialect.param.format("run_ids"))
+    params["run_pattern"] = selection.run_pattern
+    return f"run_id LIKE {dialect.param.format('run_pattern')}"
+
+
 def samples_cte(
     dialect: Dialect,
     table: str,
@@ -141,12 +150,7 @@ def samples_cte(
     p = d.param.format
     params["service"] = selection.service
     params["metric"] = selection.metric
-    if selection.run_ids:
-        params["run_ids"] = list(selection.run_ids)
-        runs = d.in_list.format("run_id", p("run_ids"))
-    else:
-        params["run_pattern"] = selection.run_pattern
-        runs = f"run_id LIKE {p('run_pattern')}"
+    runs = watched_runs(d, selection, params)
     is_loss = f"name = {p('metric')}"
     if selection.execution_uids:
         params["execution_uids"] = list(selection.execution_uids)
@@ -296,12 +300,7 @@ def minute_buckets(
         p = d.param.format
         params["service"], params["metric"] = selection.service, selection.metric
         service, metric = p("service"), p("metric")
-        if selection.run_ids:
-            params["run_ids"] = list(selection.run_ids)
-            runs = d.in_list.format("run_id", p("run_ids"))
-        else:
-            params["run_pattern"] = selection.run_pattern
-            runs = f"run_id LIKE {p('run_pattern')}"
+        runs = watched_runs(d, selection, params)
         params["rows_start"], params["rows_end"] = start, end
         bounds = f"timestamp >= {p('rows_start')}\n  AND timestamp < {p('rows_end')}\n  AND "
     loss = f"name = {metric}"
@@ -366,12 +365,7 @@ def bucket_groups_query(
         source = quote_table(d, rollup_table)
     else:
         source = f"(\n{minute_buckets(d, telemetry_table, selection, params, start, end)}\n) AS buckets"
-    if selection.run_ids:
-        params["run_ids"] = list(selection.run_ids)
-        runs = d.in_list.format("run_id", p("run_ids"))
-    else:
-        params["run_pattern"] = selection.run_pattern
-        runs = f"run_id LIKE {p('run_pattern')}"
+    runs = watched_runs(d, selection, params)
     attempt = "TRUE"
     if selection.execution_uids:
         params["execution_uids"] = list(selection.execution_uids)

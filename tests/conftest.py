@@ -40,14 +40,19 @@ def load_telemetry(connection: duckdb.DuckDBPyConnection, samples: list[Sample],
 _SHARED: list[DuckDBStore] = []
 
 
-def evaluate_samples(samples: list[Sample], settings: Settings | None = None, now: datetime = NOW) -> list[dict]:
-    """Rows the DuckDB SQL and the rule give for `samples` (one in-memory database, refilled per call)."""
+def store_with(samples: list[Sample]) -> DuckDBStore:
+    """One in-memory DuckDB store, its telemetry table refilled with `samples` at each call."""
     if not _SHARED:
         _SHARED.append(DuckDBStore(":memory:"))
     store = _SHARED[0]
     store.connection.execute("DROP TABLE IF EXISTS telemetry")
     load_telemetry(store.connection, samples)
-    return evaluate(store, settings or Settings(), now)
+    return store
+
+
+def evaluate_samples(samples: list[Sample], settings: Settings | None = None, now: datetime = NOW) -> list[dict]:
+    """Rows the DuckDB SQL and the rule give for `samples`."""
+    return evaluate(store_with(samples), settings or Settings(), now)
 
 
 def write_database(path: Path, samples: list[Sample]) -> Path:

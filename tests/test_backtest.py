@@ -10,7 +10,7 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 from commandline import lossspike, one_line_error
-from conftest import NOW, load_telemetry
+from conftest import NOW, store_with
 from googlesql import TranspiledBigQuery
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,18 +91,6 @@ def histories(draw) -> tuple[list[Sample], list, Thresholds, Selection]:
     return samples, ticks, t, selection
 
 
-_STORE: list[DuckDBStore] = []
-
-
-def _store(samples: list[Sample]) -> DuckDBStore:
-    if not _STORE:
-        _STORE.append(DuckDBStore(":memory:"))
-    store = _STORE[0]
-    store.connection.execute("DROP TABLE IF EXISTS telemetry")
-    load_telemetry(store.connection, samples)
-    return store
-
-
 def assert_same_verdicts(got: list[dict], want: list[dict]) -> None:
     """Backtest rows give evaluate's runs, counts and verdicts (both are checked against the oracle too)."""
     keys = ("cluster", "run", "reason", "value", "baseline_samples", "recent_samples", "recent_not_finite")
@@ -113,7 +101,7 @@ def assert_same_verdicts(got: list[dict], want: list[dict]) -> None:
 @given(case=histories())
 def test_backtest_matches_evaluate_at_every_tick(case):
     samples, ticks, t, selection = case
-    store = _store(samples)
+    store = store_with(samples)
     config = Settings(thresholds=t, selection=selection)
     [result] = backtest(store, config, ticks, detail=True)
     assert result.ticks == ticks
@@ -129,7 +117,7 @@ def test_backtest_judged_runs_match_the_oracle(case, span):
     """Floors at, and one ULP either side of, the band: the backtest's merged windows judge them as SPEC says."""
     samples, t = case
     ticks = tick_times(NOW - timedelta(minutes=span), NOW)
-    [result] = backtest(_store(samples), Settings(thresholds=t), ticks, detail=True)
+    [result] = backtest(store_with(samples), Settings(thresholds=t), ticks, detail=True)
     for i, tick in enumerate(ticks):
         want = expected(samples, tick, t, Selection())
         record(want)

@@ -8,7 +8,6 @@ server errors. Verdicts are checked against the plain-Python recomputation.
 from __future__ import annotations
 
 import json
-import math
 import random
 import subprocess
 import sys
@@ -82,27 +81,7 @@ class Deployment:
         self.http = self.app.test_client()
 
     def load(self, samples: list[Sample]) -> None:
-        def number(v: float | None):
-            if v is None or math.isfinite(v):
-                return v
-            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-
-        rows = [
-            {
-                "timestamp": s.timestamp.isoformat(),
-                "service": s.service,
-                "name": s.name,
-                "value": number(s.value),
-                "cluster": s.cluster,
-                "run_id": s.run_id,
-                "job_id": s.job_id,
-                "execution_uid": s.execution_uid,
-            }
-            for s in samples
-        ]
-        for start in range(0, len(rows), 5000):
-            errors = self.admin.insert_rows_json(self.telemetry, rows[start : start + 5000])
-            assert not errors, errors[:3]
+        bqserver.insert_samples(self.admin, self.telemetry, samples)
 
     def tick(self, headers=SCHEDULE_HEADER, method="post"):
         return getattr(self.http, method)("/", headers=headers)

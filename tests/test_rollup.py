@@ -10,18 +10,15 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from conftest import NOW, load_telemetry
+from conftest import NOW, store_with
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from oracle import assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import raw_enrolled, rollup_enrolled
 from lossspike.rule import alert_rows
 from lossspike.settings import Settings
-
-_STORE: list[DuckDBStore] = []
 
 # Merged statistics against the raw query's (issue 8): counts, floors and peaks exact;
 # mean and standard deviation within 1e-9 relative where sigma x stddev decides the
@@ -30,15 +27,6 @@ _STORE: list[DuckDBStore] = []
 # minimum rise of 0, a baseline spread below ~2e-4 may differ by ~1e-9 relative, which
 # moves the band by ~1e-13 and is covered by SPEC's 1e-9 band tolerance.
 DECIDING, ELSEWHERE = 1e-9, 1e-6
-
-
-def _store(samples) -> DuckDBStore:
-    if not _STORE:
-        _STORE.append(DuckDBStore(":memory:"))
-    store = _STORE[0]
-    store.connection.execute("DROP TABLE IF EXISTS telemetry")
-    load_telemetry(store.connection, samples)
-    return store
 
 
 def _relative(a: float | None, b: float | None, scale: float) -> float:
@@ -56,7 +44,7 @@ def _relative(a: float | None, b: float | None, scale: float) -> float:
 def test_rollup_windows_equal_the_raw_query(samples, t, sel, minutes_back):
     now = NOW - timedelta(minutes=minutes_back)
     config = Settings(thresholds=t, selection=sel)
-    store = _store(samples)
+    store = store_with(samples)
     raw = raw_enrolled(store, config, now)
     merged = rollup_enrolled(store, config, now)
     assert [(r.cluster, r.run) for r in merged] == [(r.cluster, r.run) for r in raw]
