@@ -45,7 +45,8 @@ SELECT COALESCE(NULLIF(cluster, ''), 'unknown') AS c, run_id,
   count(*) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND NOT isfinite(value)),
   avg(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
   min(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
-  max(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value))
+  max(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
+  max(timestamp) FILTER (WHERE name = 'train_loss') AS last_loss_at
 FROM telemetry
 WHERE timestamp >= TIMESTAMPTZ '{start}' AND timestamp < TIMESTAMPTZ '{now}'
   AND service = 'levanter' AND value IS NOT NULL AND run_id LIKE 'hero-%'
