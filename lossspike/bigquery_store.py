@@ -189,7 +189,6 @@ class BigQueryStore:
         self._checked = True
 
     def _read(self, sql: str, params: dict[str, Any], component: str, deadline: Deadline | None) -> pa.Table:
-        self.check_telemetry()
         started = time.perf_counter()
         try:
             job, rows = self._run(sql, query_parameters(params), component, deadline)
@@ -221,6 +220,7 @@ class BigQueryStore:
         """
         from lossspike.evaluate import enrolled_from_groups, raw_enrolled, rollup_query
 
+        self.check_telemetry()
         overrides, changed = self._overrides_state()
         rollup = settings.rollup_table
         if not rollup or now.second or now.microsecond:

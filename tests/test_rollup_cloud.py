@@ -27,6 +27,7 @@ from lossspike.bigquery_store import BigQueryStore
 from lossspike.rule import Thresholds, alert_rows
 from lossspike.settings import Settings
 from lossspike.sql import Selection
+from lossspike.store import StoreError
 from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"
@@ -192,3 +193,24 @@ def test_a_backlog_over_the_cap_says_catching_up_and_the_next_tick_recovers(emul
     # The refresh is not retried inside the tick (a cap error is final); the next tick recovers.
     assert len(faults.matching()) >= 1 and second.ok
     assert [(r["run"], r["reason"]) for r in second.rows] == [("hero-a", "healthy")]
+
+
+def test_a_telemetry_column_of_the_wrong_type_is_refused_in_one_line(emulator):
+    from google.cloud import bigquery
+
+    dataset = f"{PROJECT}.typed_{uuid.uuid4().hex[:8]}"
+    emulator.create_dataset(dataset)
+    fields = dict(bqserver.TELEMETRY_SCHEMA_FIELDS) | {"timestamp": "STRING"}  # e.g. a loader's text times
+    emulator.create_table(
+        bigquery.Table(f"{dataset}.telemetry", [bigquery.SchemaField(n, t) for n, t in fields.items()])
+    )
+    settings = Settings(
+        backend="bigquery",
+        project=PROJECT,
+        telemetry_table=f"{dataset}.telemetry",
+        alerts_table=f"{dataset}.loss_spike_alerts",
+    )
+    with pytest.raises(StoreError) as refused:
+        BigQueryStore(settings, emulator).read_tick(settings, START)
+    message = str(refused.value)
+    assert "\n" not in message and "timestamp" in message and "STRING" in message and "TIMESTAMP" in message
