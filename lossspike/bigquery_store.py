@@ -14,7 +14,7 @@ deadline well under Cloud Scheduler's.
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -53,6 +53,9 @@ JOB_LABELS = {"app": "lossspike"}
 # Rows per write request: about 1 MB of query parameters, far under the 10 MB request
 # cap, so a fleet of up to this many runs writes in a single statement.
 MAX_ROWS_PER_WRITE = 1000
+# The override rows are re-read after their table changes, and at least this often in case
+# a change's metadata lags: one 10 MB read an hour, about $0.04 a month.
+OVERRIDES_MAX_AGE = timedelta(hours=1)
 # The error reason of a job stopped by maximum_bytes_billed (BigQuery's error table).
 _BYTES_LIMIT = "bytesBilledLimitExceeded"
 
@@ -125,9 +128,9 @@ class BigQueryStore:
         self._cost: dict[str, Any] = {}
         self._checked = False
         self._overrides_table = overrides_table_name(settings.alerts_table)
-        # (the override table's last-modified time when read, its rows)
-        self._overrides: tuple[datetime | None, list[OverrideRow]] = (None, [])
-        self._overrides_seen: datetime | None = None
+        # (the override table's last-modified time when read, the tick that read it, its rows)
+        self._overrides: tuple[datetime | None, datetime | None, list[OverrideRow]] = (None, None, [])
+        self._overrides_seen: tuple[datetime | None, datetime | None] = (None, None)
 
     def close(self) -> None:
         self.client.close()
@@ -221,7 +224,7 @@ class BigQueryStore:
         from lossspike.evaluate import enrolled_from_groups, raw_enrolled, rollup_query
 
         self.check_telemetry()
-        overrides, changed = self._overrides_state()
+        overrides, changed = self._overrides_state(now)
         rollup = settings.rollup_table
         if not rollup or now.second or now.microsecond:
             runs = raw_enrolled(self, settings, now, deadline)
@@ -250,21 +253,26 @@ class BigQueryStore:
                 return []
             raise
 
-    def _overrides_state(self) -> tuple[list[OverrideRow], bool]:
-        """(the cached override rows, whether the table changed since they were read)."""
+    def _overrides_state(self, now: datetime) -> tuple[list[OverrideRow], bool]:
+        """(the cached override rows, whether to read them again: the table changed, or the copy is old).
+
+        BigQuery moves a table's lastModifiedTime with every change of its contents
+        (streamed rows may lag; overrides are written by DML INSERT).
+        """
         try:
             table = self.client.get_table(self._overrides_table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS)
         except NotFound:
-            self._overrides = (None, [])
+            self._overrides = (None, None, [])
             return [], False
         except _FAILURES as error:
             raise StoreError(f"cannot read the metadata of {self._overrides_table}: {_one_line(error)}") from error
-        self._overrides_seen = table.modified
-        cached_at, rows = self._overrides
-        return rows, cached_at is None or cached_at != table.modified
+        self._overrides_seen = (table.modified, now)
+        modified, read_at, rows = self._overrides
+        stale = read_at is None or abs(now - read_at) >= OVERRIDES_MAX_AGE
+        return rows, modified is None or modified != table.modified or stale
 
     def _cache_overrides(self, rows: list[OverrideRow]) -> list[OverrideRow]:
-        self._overrides = (self._overrides_seen, rows)
+        self._overrides = (*self._overrides_seen, rows)
         return rows
 
     def write_alerts(self, rows: list[dict[str, Any]], deadline: Deadline | None = None) -> int:

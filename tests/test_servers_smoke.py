@@ -756,3 +756,20 @@ def test_monitoring_list_time_series_at_an_instant(monitoring):
     assert at(NOW) == {"a": 1}
     assert at(later) == {"a": 0, "b": 1}
     assert at(NOW + timedelta(seconds=30)) == {}
+
+
+def test_bigquery_dml_leaves_last_modified_quirk(bq):
+    # BigQuery moves a table's lastModifiedTime when its contents change, not only its metadata
+    # ("either metadata or table contents"); the emulator moves it for metadata only, so tests
+    # of the tick's override cache change the metadata to stand for a DML write.
+    client = bq
+    table = f"{PROJECT}.obs.modified_probe"
+    client.query(f"CREATE TABLE `{table}` (a INT64)").result()
+    before = client.get_table(table).modified
+    client.query(f"INSERT INTO `{table}` (a) VALUES (1)").result()
+    assert client.get_table(table).modified == before
+    time.sleep(0.01)  # lastModifiedTime has millisecond resolution
+    changed = client.get_table(table)
+    changed.description = "probe"
+    client.update_table(changed, ["description"])
+    assert client.get_table(table).modified > before
