@@ -370,7 +370,8 @@ def tick_cost(fleet: Fleet, now: datetime, rollup: bool, thresholds: Thresholds 
                 "overrides",
                 "project.lossspike.loss_spike_overrides",
                 0.0,
-                "read only in a tick after the table changed (its free metadata says so): 10 MiB that tick",
+                "read in the tick's statement only after the table changed (its free metadata says so) and"
+                " hourly: 10 MiB those ticks",
             )
         )
     return cost
