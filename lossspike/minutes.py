@@ -105,11 +105,7 @@ def bucket_partials(table: pa.Table) -> Partial:
 
 def filled(table: pa.Table, name: str, fill: Any, dtype: Any) -> np.ndarray:
     """A column as a numpy array, NULL replaced by `fill`."""
-    column = table.column(name).combine_chunks()
-    values = column.to_numpy(zero_copy_only=False).astype(dtype)
-    if column.null_count:
-        values[column.is_null().to_numpy(zero_copy_only=False)] = fill
-    return values
+    return table.column(name).fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
 
 
 def micros(table: pa.Table, name: str) -> np.ndarray:

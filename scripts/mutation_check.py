@@ -60,11 +60,11 @@ MUTANTS = [
         ["tests/test_dialects.py"],
     ),
     Mutant(
-        "MERGE writes reference into band",
-        "lossspike/bigquery_store.py",
-        'values = ", ".join(f"source.{c}" for c in ALERT_COLUMNS)',
-        'values = ", ".join(f"source.{c}" for c in ALERT_COLUMNS).replace("source.band", "source.reference")',
-        ["tests/test_cloud.py::test_tick_end_to_end"],
+        "BigQuery write stores reference into band",
+        "lossspike/sql.py",
+        "  SELECT {values} FROM UNNEST(@rows) AS source;",
+        '  SELECT {values.replace("source.band", "source.reference")} FROM UNNEST(@rows) AS source;',
+        ["tests/test_cloud.py::test_tick_end_to_end", "tests/test_rollup_cloud.py"],
     ),
     Mutant(
         "plot draws the recent peak as the floor",
@@ -106,8 +106,8 @@ MUTANTS = [
     Mutant(
         "NULL values enroll runs",
         "lossspike/sql.py",
-        "    AND value IS NOT NULL\n    AND {runs}",
-        "    AND {runs}",
+        "    AND value IS NOT NULL\n    AND run_id <> ''\n    AND {runs}",
+        "    AND run_id <> ''\n    AND {runs}",
         PROPERTIES,
     ),
     Mutant(
@@ -141,8 +141,8 @@ MUTANTS = [
     Mutant(
         "plot draws the reference as the band",
         "lossspike/plot.py",
-        "limits.append(_value(None if windows is None else band(windows, t)))",
-        "limits.append(_value(None if windows is None else reference(windows, t)))",
+        "limits.append(_value(None if windows is None else band(windows, rule)))",
+        "limits.append(_value(None if windows is None else reference(windows, rule)))",
         ["tests/test_plot.py"],
     ),
     Mutant(
@@ -151,6 +151,49 @@ MUTANTS = [
         "return level + max(thresholds.min_rise, thresholds.sigma * spread)",
         "return level + thresholds.min_rise + thresholds.sigma * spread",
         [*PROPERTIES, "tests/test_rule.py"],
+    ),
+    # --- the minute layer and the rollup (issue 8) ---
+    Mutant(
+        "Chan's merge forgets the share of the second part",
+        "lossspike/minutes.py",
+        "a.m2 + b.m2 + delta * delta * a.n * share",
+        "a.m2 + b.m2 + delta * delta * a.n",
+        ["tests/test_rollup.py", "tests/test_backtest.py"],
+    ),
+    Mutant(
+        "a bucket's variance from raw sums, ignoring its base",
+        "lossspike/minutes.py",
+        "        mean = base + offsets / count\n",
+        "        mean = offsets / count\n",
+        ["tests/test_rollup.py", "tests/test_backtest.py"],
+    ),
+    Mutant(
+        "the rollup read counts every attempt's losses",
+        "lossspike/sql.py",
+        '    attempt = "TRUE"\n    if selection.execution_uids:',
+        '    attempt = "TRUE"\n    if False:',
+        ["tests/test_rollup.py", "tests/test_backtest.py"],
+    ),
+    Mutant(
+        "the tick merges the recent minutes into the baseline",
+        "lossspike/minutes.py",
+        "    base = reduce_by_key(run[~recent], Partial(*(f[~recent] for f in partials)), size)",
+        "    base = reduce_by_key(run, partials, size)",
+        ["tests/test_rollup.py"],
+    ),
+    Mutant(
+        "the rollup view enrolls empty run IDs",
+        "lossspike/sql.py",
+        "  AND value IS NOT NULL\n  AND run_id <> ''\n  AND {runs}",
+        "  AND value IS NOT NULL\n  AND {runs}",
+        ["tests/test_rollup.py", "tests/test_backtest.py"],
+    ),
+    Mutant(
+        "the newest loss time ignores NaN losses",
+        "lossspike/sql.py",
+        '"last_loss_at": f"MAX({when(loss, \'timestamp\')})",',
+        '"last_loss_at": f"MAX({when(finite, \'timestamp\')})",',
+        ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
     ),
 ]
 
