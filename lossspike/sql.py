@@ -235,9 +235,10 @@ GROUP BY cluster, run_id"""
 # telemetry (parameters, and a time range that prunes partitions).
 #
 # An incremental materialized view allows SUM, MIN, MAX, COUNTIF and MAX_BY but no
-# variance, so each bucket keeps sums of the loss minus a base, FLOOR(loss), that is
-# part of the bucket's key: the sums stay small, and a variance taken from them does
-# not cancel the way a raw sum of squares does for a loss far from zero.
+# variance, so each bucket keeps sums of the loss minus a base, TRUNC(loss) (its integer
+# part, toward zero so a small negative loss keeps its digits), that is part of the
+# bucket's key: the offsets stay below 1, and a variance taken from their sums does not
+# cancel the way a raw sum of squares does for a loss far from zero.
 
 # Filter values written into the view's SQL as literals: no quoting is ever needed.
 _LITERAL = re.compile(r"^[A-Za-z0-9_.%/:@+\-]+$")
@@ -301,7 +302,7 @@ def minute_buckets(
         bounds = f"timestamp >= {p('rows_start')}\n  AND timestamp < {p('rows_end')}\n  AND "
     loss = f"name = {metric}"
     finite = f"{loss} AND {d.finite.format('value')}"
-    offset = "value - FLOOR(value)"
+    offset = "value - TRUNC(value)"
 
     def when(condition: str, value: str) -> str:
         return d.if_.format(condition, value)
@@ -311,7 +312,7 @@ def minute_buckets(
         "run_id": "run_id",
         "execution_uid": "execution_uid",
         "minute": d.minute.format("timestamp"),
-        "loss_base": when(finite, "FLOOR(value)"),
+        "loss_base": when(finite, "TRUNC(value)"),
         "samples": "COUNT(*)",
         "loss_samples": d.count_if.format(loss),
         "loss_not_finite": d.count_if.format(f"{loss} AND NOT {d.finite.format('value')}"),

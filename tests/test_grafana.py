@@ -42,7 +42,7 @@ GRAFANA_ENV = {"LOSSSPIKE_GRAFANA_DATASOURCE_UID": "bq-uid", "LOSSSPIKE_RUNBOOK_
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
 # rendered here from its column contract so the loss panel can be run: per (cluster, run,
-# attempt, minute), loss sums are kept relative to loss_base = FLOOR of the finite values.
+# attempt, minute), loss sums are kept relative to an integer loss_base (any base adds up the same).
 MINUTES_SQL = """
 CREATE TABLE p.d.loss_spike_minutes AS
 WITH samples AS (
