@@ -204,6 +204,12 @@ class BigQueryStore:
                     " BigQuery's automatic refresh of the view absorbs it outside the tick's cap,"
                     " and ticks resume by themselves"
                 ) from error
+            if _reason(error) == _BYTES_LIMIT:
+                raise StoreError(
+                    f"BigQuery query refused: it would bill more than LOSSSPIKE_MAX_BYTES_BILLED="
+                    f"{self.settings.max_bytes_billed} (the tick's cap); for a one-off read such as a long"
+                    f" backtest, raise it for that command: {_one_line(error)}"
+                ) from error
             raise StoreError(f"BigQuery query failed: {_one_line(error)}") from error
         self._cost = {
             "job_id": job.job_id,

@@ -285,3 +285,15 @@ def run_policies_of(read, moment):
     from lossspike.overrides import run_policies
 
     return run_policies(((r.cluster, r.run) for r in read.runs), read.overrides, moment, Thresholds())
+
+
+def test_a_read_over_the_cap_names_the_setting_to_raise(emulator, endpoint):
+    from lossspike.evaluate import window_query
+    from lossspike.sql import BIGQUERY
+
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    with faulty_proxy(endpoint, Faults(status=400, payload=OVER_THE_CAP, fail_next=1)) as url:
+        store = BigQueryStore(deployment.settings, bqserver.make_client(url, PROJECT))
+        with pytest.raises(StoreError) as refused:
+            store.fetch(window_query(BIGQUERY, deployment.settings, START + timedelta(hours=2)))
+    assert "LOSSSPIKE_MAX_BYTES_BILLED=2147483648" in str(refused.value) and "\n" not in str(refused.value)
