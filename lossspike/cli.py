@@ -500,7 +500,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out.write(
         f"\nThe verdicts were written to table loss_spike_alerts in {path}. Next:\n"
         f"  lossspike evaluate --database {path} --now {format_rfc3339(now)} --format json --no-write\n"
-        "  lossspike sql --dialect bigquery     # the same query as BigQuery runs it\n"
+        "  lossspike sql --dialect bigquery     # the same query in GoogleSQL (--rollup-table VIEW: the cloud tick)\n"
+        "  lossspike cost --runs 1000           # what a tick bills on BigQuery, part by part\n"
     )
     return 0
 
