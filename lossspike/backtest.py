@@ -47,7 +47,6 @@ from lossspike.times import format_rfc3339
 MAX_RANGE = timedelta(days=31)
 # Dense (runs x minutes) grids are built this many cells at a time, bounding memory.
 _CHUNK_CELLS = 4_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CODES = {reason: code for code, reason in enumerate(REASONS)}
 _PAGING_CODES = frozenset(_CODES[r] for r in PAGING_REASONS)
 
@@ -451,7 +450,7 @@ def _judge(
     def loss_times() -> list[datetime | None]:
         present = w["loss_in_window"][row, enrolled]
         return [
-            _EPOCH + timedelta(microseconds=us) if has else None
+            minutes.instant(us) if has else None
             for us, has in zip(w["last_loss_us"][row, enrolled].tolist(), present.tolist(), strict=True)
         ]
 

@@ -237,16 +237,13 @@ class _OverrideTable:
             raise StoreError(f"writing {self.table} failed: {' '.join(str(error).split())}") from None
 
     def read(self, now: datetime) -> list[Any]:
-        from lossspike import overrides
-        from lossspike.store import StoreError
-
+        """The rows written by `now`, read by the store a tick uses (none without the table)."""
         if self.client is None:
             with self._duckdb(read_only=True) as store:
-                return overrides.read_duckdb(store.connection, self.table, now)
-        try:
-            return overrides.read_bigquery(self.client, self.table, now, self.settings.location)
-        except Exception as error:  # noqa: BLE001 - any client failure is one line for the user
-            raise StoreError(f"reading {self.table} failed: {' '.join(str(error).split())}") from None
+                return store.read_overrides(now)
+        from lossspike.bigquery_store import BigQueryStore
+
+        return BigQueryStore(self.settings, self.client).read_overrides(now)
 
     def watched_runs(self, now: datetime) -> list[tuple[str, str]]:
         """The (cluster, run) pairs enrolled at `now`: what a new row can match."""

@@ -164,10 +164,7 @@ class DuckDBStore:
             connection.execute("BEGIN TRANSACTION")
             try:
                 runs = enrolled_runs(self.fetch(window_query(self.dialect, settings, now), deadline))
-                overrides = []
-                if table_exists_duckdb(connection, self.overrides_table):
-                    rows = self.fetch(overrides_query(self.dialect, self.overrides_table, now), deadline)
-                    overrides = rows_from_arrow(rows)
+                overrides = self._read_overrides(now, deadline)
             except BaseException:
                 connection.execute("ROLLBACK")
                 raise
@@ -178,9 +175,12 @@ class DuckDBStore:
         """Every override row written at or before `until`; none when the table does not exist."""
         with self._lock:
             self._ensure_open()
-            if not table_exists_duckdb(self.connection, self.overrides_table):
-                return []
-            return rows_from_arrow(self.fetch(overrides_query(self.dialect, self.overrides_table, until), deadline))
+            return self._read_overrides(until, deadline)
+
+    def _read_overrides(self, until: datetime, deadline: Deadline | None) -> list[OverrideRow]:
+        if not table_exists_duckdb(self.connection, self.overrides_table):
+            return []
+        return rows_from_arrow(self.fetch(overrides_query(self.dialect, self.overrides_table, until), deadline))
 
     def last_cost(self) -> dict[str, Any]:
         """DuckDB bills nothing; the tick's log measures the time itself."""

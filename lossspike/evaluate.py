@@ -7,7 +7,7 @@ way, from its rollup view; on raw telemetry when no view is named).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -21,8 +21,6 @@ from lossspike.sql import Dialect, Query, bucket_groups_query, loss_window_query
 from lossspike.store import Store, StoreError, TickRead
 
 __all__ = ["StoreError", "evaluate", "judge", "raw_enrolled", "rollup_enrolled", "rollup_query", "window_query"]
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def window_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
@@ -70,7 +68,7 @@ def enrolled_from_groups(groups: pa.Table) -> list[EnrolledRun]:
     runs = []
     for cluster, run, job, fields in minutes.tick_windows(groups):
         if fields["last_loss_at"] is not None:
-            fields["last_loss_at"] = _EPOCH + timedelta(microseconds=fields["last_loss_at"])
+            fields["last_loss_at"] = minutes.instant(fields["last_loss_at"])
         runs.append(EnrolledRun(cluster, run, job, LossWindows(**{k: fields[k] for k in WINDOW_FIELDS})))
     return runs
 

@@ -10,6 +10,7 @@ plot all merge through `combine`: one definition of a bucket, one merge.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,6 +19,7 @@ import pyarrow as pa
 # A timestamp column's NULL, as microseconds: older than any sample.
 NO_TIME = np.iinfo(np.int64).min
 _MICROS_PER_MINUTE = 60_000_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Partial(NamedTuple):
@@ -112,6 +114,11 @@ def micros(table: pa.Table, name: str) -> np.ndarray:
     """A TIMESTAMP column as microseconds since the epoch, NULL as NO_TIME."""
     column = table.column(name).cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
     return column.fill_null(NO_TIME).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def instant(micros: int) -> datetime:
+    """Microseconds since the epoch (as `micros` gives them) as a UTC datetime."""
+    return _EPOCH + timedelta(microseconds=micros)
 
 
 def minute_indexes(table: pa.Table, name: str = "minute") -> np.ndarray:

@@ -311,16 +311,6 @@ def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
     connection.execute(insert_sql(DUCKDB, table), row.values())
 
 
-def read_duckdb(connection: Any, table: str, now: datetime) -> list[OverrideRow]:
-    """Every row with created_at <= now; none when the table does not exist yet."""
-    from lossspike.sql import DUCKDB
-
-    if not table_exists_duckdb(connection, table):
-        return []
-    query = overrides_query(DUCKDB, table, now)
-    return rows_from_arrow(connection.sql(query.sql, params=query.params).to_arrow_table())
-
-
 def write_bigquery(client: Any, table: str, row: OverrideRow, location: str) -> None:
     """Insert one row with a DML INSERT: a job, not the streaming API, so it is readable at once."""
     from google.cloud import bigquery
@@ -329,16 +319,3 @@ def write_bigquery(client: Any, table: str, row: OverrideRow, location: str) -> 
 
     config = bigquery.QueryJobConfig(query_parameters=bigquery_parameters(row.values()), labels=JOB_LABELS)
     client.query(insert_sql(BIGQUERY, table), job_config=config, location=location).result()
-
-
-def read_bigquery(client: Any, table: str, now: datetime, location: str) -> list[OverrideRow]:
-    """Every row with created_at <= now, read without the Storage API."""
-    from google.cloud import bigquery
-
-    from lossspike.sql import BIGQUERY
-
-    query = overrides_query(BIGQUERY, table, now)
-    parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now)]
-    config = bigquery.QueryJobConfig(query_parameters=parameters, labels=JOB_LABELS)
-    result = client.query(query.sql, job_config=config, location=location).result()
-    return rows_from_arrow(result.to_arrow(create_bqstorage_client=False))

@@ -357,12 +357,17 @@ def bucket_groups_query(
     """
     d = dialect
     p = d.param.format
-    params: dict[str, object] = {"start": start, "end": end}
+    params: dict[str, object] = {}
     if rollup_table:
+        # The view holds every run of its pattern since it was built: narrow it here.
+        params.update(start=start, end=end)
         source = quote_table(d, rollup_table)
+        runs = watched_runs(d, selection, params)
+        where = f"\nWHERE minute >= {p('start')}\n  AND minute < {p('end')}\n  AND {runs}"
     else:
+        # Raw telemetry is filtered to the selection and [start, end) where it is read.
         source = f"(\n{minute_buckets(d, telemetry_table, selection, params, start, end)}\n) AS buckets"
-    runs = watched_runs(d, selection, params)
+        where = ""
     attempt = "TRUE"
     if selection.execution_uids:
         params["execution_uids"] = list(selection.execution_uids)
@@ -392,10 +397,7 @@ def bucket_groups_query(
   {loss("MAX", "last_loss_at")},
   {d.newest.format("job", "job_at")} AS job,
   MAX(job_at) AS job_at
-FROM {source}
-WHERE minute >= {p("start")}
-  AND minute < {p("end")}
-  AND {runs}
+FROM {source}{where}
 GROUP BY run_cluster, run_id, {name}, loss_base"""
     return Query(sql, params)
 

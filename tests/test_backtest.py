@@ -140,7 +140,7 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
         # One query for the telemetry, however many variants; the override rows are the other.
         buckets = [q for q in calls if "loss_base" in q.sql]
         assert len(buckets) == 1 and len(calls) == 2
-        assert buckets[0].params["start"] == ticks[0] - timedelta(minutes=90)
+        assert buckets[0].params["rows_start"] == ticks[0] - timedelta(minutes=90)
         for variant, result in ((base, strict_result), (loose, loose_result)):
             for i in (0, 30, 60):
                 config = Settings(thresholds=variant)

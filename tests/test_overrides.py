@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from datetime import timedelta
@@ -263,7 +264,9 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
 
     from lossspike import cli as cli_module
     from lossspike import overrides
+    from lossspike.bigquery_store import BigQueryStore
     from lossspike.overrides import OVERRIDES_SCHEMA
+    from lossspike.settings import load_settings
 
     project = "lossspike-overrides"
     suffix = uuid.uuid4().hex[:8]
@@ -304,14 +307,15 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
     assert {r["run_pattern"] for r in listed} == {"hero-a", "hero-%", "hero-zzz"}
     assert all(r["created_at"] == NOW_TEXT and r["created_by"] for r in listed)
 
-    rows = overrides.read_bigquery(admin, table, NOW, "US")
+    store = BigQueryStore(load_settings(os.environ), admin)
+    rows = store.read_overrides(NOW)
     policy = resolve(rows, "c1", "hero-a", NOW, T)
     assert policy.silenced and policy.thresholds.sigma == 8.0
     assert policy.note == 'it\'s a "boundary"; DROP TABLE x'  # the cluster's own row comes first
     assert not resolve(rows, "c2", "hero-a", NOW, T).silenced
     refused = cli_module.main(["override", "hero-a", "--min-rise", "nan", "--note", "x", "--now", NOW_TEXT])
     assert refused == 2 and "--min-rise" in capsys.readouterr().err
-    assert len(overrides.read_bigquery(admin, table, NOW, "US")) == 3
+    assert len(store.read_overrides(NOW)) == 3
 
 
 # --- resolution against a brute-force reading of SPEC, on random histories -------------------
