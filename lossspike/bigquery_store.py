@@ -34,10 +34,12 @@ from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
     OTHER_ROWS,
-    TICK_GROUP_TYPES,
+    TICK_READ_TYPES,
     Query,
+    TickWindows,
     append_sql,
     refresh_statement,
+    tick_read_query,
     with_rows_of,
     write_script,
 )
@@ -219,35 +221,34 @@ class BigQueryStore:
         }
         return table
 
-    def read_tick(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> TickRead:
-        """The watched runs at `now` and the override rows, in one job.
+    def read_tick(self, settings: Settings, windows: TickWindows, deadline: Deadline | None = None) -> TickRead:
+        """The tick's minute buckets and the override rows, in one job.
 
         At a whole minute with a rollup view, the job refreshes the view and reads the
-        watched runs' minute buckets; otherwise it is the raw query. The override table
-        is tiny but a read bills BigQuery's 10 MB minimum, so it is read (in the same
-        statement) only when its metadata, which costs nothing, says it changed.
+        watched runs' minute buckets from it; otherwise it buckets raw telemetry. The
+        override table is tiny but a read bills BigQuery's 10 MB minimum, so it is read
+        (in the same statement) only when its metadata, which costs nothing, says it changed.
         """
-        from lossspike.evaluate import enrolled_from_groups, raw_enrolled, rollup_query
-
         self.check_telemetry()
+        now = windows.now
         overrides, changed = self._overrides_state(now)
         rollup = settings.rollup_table
-        if not rollup or now.second or now.microsecond:
-            runs = raw_enrolled(self, settings, now, deadline)
-            if changed:
-                overrides = self._cache_overrides(self.read_overrides(now, deadline))
-            return TickRead(runs, overrides)
-        query = rollup_query(BIGQUERY, settings, now)
+        if now.second or now.microsecond:
+            rollup = ""
+        query = tick_read_query(
+            BIGQUERY, settings.selection, windows, telemetry_table=settings.telemetry_table, rollup_table=rollup
+        )
         sql = query.sql
         if changed:
-            sql = with_rows_of(sql, TICK_GROUP_TYPES, self._overrides_table, OVERRIDE_TYPES)
-        result = self._read(f"{refresh_statement(rollup)}\n{sql}", query.params, "rollup", deadline)
+            sql = with_rows_of(sql, TICK_READ_TYPES, self._overrides_table, OVERRIDE_TYPES)
+        script = f"{refresh_statement(rollup)}\n{sql}" if rollup else sql
+        result = self._read(script, query.params, "rollup" if rollup else "evaluate", deadline)
         if changed:
             other = result.column(OTHER_ROWS).to_numpy(zero_copy_only=False).astype(bool)
             rows = result.filter(pa.array(other)).select([f"other_{n}" for n in OVERRIDE_TYPES])
             overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES))))
-            result = result.filter(pa.array(~other))
-        return TickRead(enrolled_from_groups(result), overrides)
+            result = result.filter(pa.array(~other)).drop_columns([f"other_{n}" for n in OVERRIDE_TYPES] + [OTHER_ROWS])
+        return TickRead(result, overrides)
 
     def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
         """Every override row written at or before `until`; none when the table does not exist."""

@@ -247,16 +247,14 @@ class _OverrideTable:
 
     def watched_runs(self, now: datetime) -> list[tuple[str, str]]:
         """The (cluster, run) pairs enrolled at `now`: what a new row can match."""
-        from lossspike.evaluate import raw_enrolled
+        from lossspike.evaluate import enrolled
 
         if self.client is None:
             with self._duckdb(read_only=True) as store:
-                runs = raw_enrolled(store, self.settings, now)
-        else:
-            from lossspike.bigquery_store import BigQueryStore
+                return enrolled(store, self.settings, now)
+        from lossspike.bigquery_store import BigQueryStore
 
-            runs = raw_enrolled(BigQueryStore(self.settings, self.client), self.settings, now)
-        return [(r.cluster, r.run) for r in runs]
+        return enrolled(BigQueryStore(self.settings, self.client), self.settings, now)
 
 
 def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
@@ -504,22 +502,32 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sql(args: argparse.Namespace) -> int:
-    from lossspike.sql import DIALECTS, loss_window_query
+    from lossspike.evaluate import tick_windows
+    from lossspike.sql import DIALECTS, tick_read_query
 
     settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
     if args.rollup_table:
-        from lossspike.evaluate import rollup_query
         from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query
 
-        read = rollup_query(BIGQUERY, settings, now.replace(second=0, microsecond=0))
+        windows = tick_windows(settings, now.replace(second=0, microsecond=0))
+        read = tick_read_query(
+            BIGQUERY,
+            settings.selection,
+            windows,
+            telemetry_table=settings.telemetry_table,
+            rollup_table=settings.rollup_table,
+        )
         text = f"{refresh_statement(settings.rollup_table)}\n{read.sql}"
         view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2))
         query = type(read)(text, read.params)
         footer = f"\n\n-- the view's query (Terraform: terraform/sql/loss_spike_minutes.sql)\n{view}\n"
     else:
-        query = loss_window_query(
-            DIALECTS[args.dialect], settings.telemetry_table, now, settings.thresholds, settings.selection
+        query = tick_read_query(
+            DIALECTS[args.dialect],
+            settings.selection,
+            tick_windows(settings, now),
+            telemetry_table=settings.telemetry_table,
         )
         footer = ""
     params = {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in query.params.items()}

@@ -34,9 +34,9 @@ from lossspike.sql import (
     BIGQUERY,
     Query,
     Selection,
-    loss_window_query,
     refresh_statement,
     rollup_view_query,
+    tick_read_query,
     window_bounds,
     write_script,
 )
@@ -324,13 +324,16 @@ def price_statement(
 
 def tick_statements(settings: Settings, now: datetime, rollup: bool) -> list[Query]:
     """The jobs a tick sends at `now`, built by the store's own SQL builders."""
-    from lossspike.evaluate import rollup_query
+    from lossspike.evaluate import tick_windows
 
-    if rollup:
-        read = rollup_query(BIGQUERY, settings, now)
-        reads = [Query(f"{refresh_statement(settings.rollup_table)}\n{read.sql}", read.params)]
-    else:
-        reads = [loss_window_query(BIGQUERY, settings.telemetry_table, now, settings.thresholds, settings.selection)]
+    read = tick_read_query(
+        BIGQUERY,
+        settings.selection,
+        tick_windows(settings, now),
+        telemetry_table=settings.telemetry_table,
+        rollup_table=settings.rollup_table if rollup else "",
+    )
+    reads = [Query(f"{refresh_statement(settings.rollup_table)}\n{read.sql}", read.params)] if rollup else [read]
     return [*reads, Query(write_script(settings.alerts_table, ALERT_COLUMNS), {"now": now, "rows": []})]
 
 

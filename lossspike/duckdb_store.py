@@ -14,7 +14,6 @@ import pyarrow as pa
 
 from lossspike.deadline import Deadline
 from lossspike.overrides import OverrideRow, overrides_query, overrides_table_name, rows_from_arrow, table_exists_duckdb
-from lossspike.rule import enrolled_runs
 from lossspike.schema import (
     ALERT_COLUMNS,
     ALERTS_SCHEMA,
@@ -25,7 +24,7 @@ from lossspike.schema import (
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
-from lossspike.sql import DUCKDB, Query, quote_table
+from lossspike.sql import DUCKDB, Query, TickWindows, quote_table, tick_read_query
 from lossspike.store import StoreError, TickRead
 
 # Times are compared and truncated in UTC whatever the process time zone, which
@@ -153,23 +152,24 @@ class DuckDBStore:
             except duckdb.Error as error:
                 raise StoreError(f"query on {self.telemetry_table!r} failed: {_first_line(error)}") from None
 
-    def read_tick(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> TickRead:
-        """The watched runs (the raw query: exact, and fast on DuckDB) and the override rows
-        written by `now`, in one transaction, so both come from one snapshot."""
-        from lossspike.evaluate import window_query
-
+    def read_tick(self, settings: Settings, windows: TickWindows, deadline: Deadline | None = None) -> TickRead:
+        """The tick's minute buckets (bucketed back from `now` over raw telemetry: exact at
+        any instant, and fast on DuckDB) and the override rows written by `now`, in one
+        transaction, so both come from one snapshot."""
+        query = tick_read_query(self.dialect, settings.selection, windows, telemetry_table=settings.telemetry_table)
+        now = windows.now
         with self._lock:
             self._ensure_open()
             connection = self.connection
             connection.execute("BEGIN TRANSACTION")
             try:
-                runs = enrolled_runs(self.fetch(window_query(self.dialect, settings, now), deadline))
+                buckets = self.fetch(query, deadline)
                 overrides = self._read_overrides(now, deadline)
             except BaseException:
                 connection.execute("ROLLBACK")
                 raise
             connection.execute("COMMIT")
-        return TickRead(runs, overrides)
+        return TickRead(buckets, overrides)
 
     def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
         """Every override row written at or before `until`; none when the table does not exist."""

@@ -1,8 +1,9 @@
-"""One evaluation: the store reads the watched runs' windows, the rule judges every run.
+"""One evaluation: the store reads the tick's minute buckets, the rules judge every run.
 
-Two reads give the same windows: the raw query over telemetry rows, and the
-rollup query over minute buckets merged by lossspike.minutes (the BigQuery tick's
-way, from its rollup view; on raw telemetry when no view is named).
+The layers read one way: the command line and the function call `evaluate`; it asks
+a store (lossspike.store) for one read; the store runs SQL built by lossspike.sql;
+the minute layer (lossspike.minutes) turns the buckets into per-run arrays; the seed
+rule (lossspike.rule), the detectors and the checks judge them.
 """
 
 from __future__ import annotations
@@ -10,71 +11,231 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import pyarrow as pa
+import numpy as np
 
 from lossspike import minutes
+from lossspike.checks import (
+    CHECK_MINUTES,
+    EVAL_FRESH_MINUTES,
+    EVAL_LOOKBACK_MINUTES,
+    EVAL_REGRESSED,
+    CheckData,
+    MetricMinutes,
+    enabled_checks,
+    run_checks,
+)
 from lossspike.deadline import Deadline
-from lossspike.overrides import run_policies
-from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows, alert_rows, enrolled_runs
+from lossspike.detectors import detect, recent_width
+from lossspike.minutes import TickRuns
+from lossspike.overrides import LOSS_SCOPE, OverrideRow, resolve
+from lossspike.rule import (
+    HEALTHY,
+    PAGING_REASONS,
+    SLOW_DIVERGENCE,
+    WARMING_UP,
+    LossWindows,
+    RunPolicy,
+    Thresholds,
+    band,
+    fleet_row,
+    is_stalled,
+    loss_spike_reason,
+    reference,
+)
 from lossspike.settings import Settings
-from lossspike.sql import Dialect, Query, bucket_groups_query, loss_window_query, window_bounds
+from lossspike.sql import CHECK_METRICS, TickWindows, metric_names
 from lossspike.store import Store, StoreError, TickRead
 
-__all__ = ["StoreError", "evaluate", "judge", "raw_enrolled", "rollup_enrolled", "rollup_query", "window_query"]
+__all__ = ["StoreError", "enrolled", "evaluate", "judge", "tick_windows"]
 
 
-def window_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
-    """The raw query enrolling runs and reducing both windows from telemetry rows."""
-    return loss_window_query(dialect, settings.telemetry_table, now, settings.thresholds, settings.selection)
+def tick_windows(settings: Settings, now: datetime) -> TickWindows:
+    """The time ranges a tick at `now` must read for the enabled rules."""
+    t = settings.thresholds
+    checks = enabled_checks(settings.checks, t)
+    dense = [c for c in checks if c != EVAL_REGRESSED]
+    return TickWindows(
+        now=now,
+        hour=t.baseline_minutes,
+        checks=CHECK_MINUTES if dense else 0,
+        eval=EVAL_LOOKBACK_MINUTES if EVAL_REGRESSED in checks else 0,
+        history=t.divergence_minutes if SLOW_DIVERGENCE in settings.detectors else 0,
+    )
 
 
-def raw_enrolled(
-    store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None
-) -> list[EnrolledRun]:
-    """The watched runs read with the raw query, in one job."""
-    return enrolled_runs(store.fetch(window_query(store.dialect, settings, now), deadline))
+def evaluate(store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+    """The alert rows for evaluation time `now`: per enrolled run its loss row and a row per
+    firing check, or the fleet row. A tick passes its `deadline` on to the store's reads."""
+    return judge(store.read_tick(settings, tick_windows(settings, now), deadline), settings, now)
+
+
+def enrolled(store: Store, settings: Settings, now: datetime) -> list[tuple[str, str]]:
+    """The (cluster, run) pairs watched at `now`."""
+    read = store.read_tick(settings, tick_windows(settings, now))
+    return minutes.tick_runs(read.buckets, now, settings.thresholds.baseline_minutes, 0, "all", 0).keys
 
 
 def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, Any]]:
     """The alert rows of a tick's read: every run judged with the overrides in force for it."""
-    policies = run_policies(((r.cluster, r.run) for r in read.runs), read.overrides, now, settings.thresholds)
-    return alert_rows(read.runs, now, settings.thresholds, policies)
+    t = settings.thresholds
+    windows = tick_windows(settings, now)
+    runs = minutes.tick_runs(read.buckets, now, windows.hour, windows.history, settings.attempts, EVAL_FRESH_MINUTES)
+    if not runs.keys:
+        return [fleet_row(now)]
+    checks = enabled_checks(settings.checks, t)
+    policies = [_policy(read.overrides, key, now, t, LOSS_SCOPE) for key in runs.keys]
+    loss = judge_loss(runs, [p.thresholds for p in policies], settings.detectors, now)
+    names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
+    rows = []
+    for i, key in enumerate(runs.keys):
+        policy = policies[i]
+        windows_i, reason, finding = loss[i]
+        rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy))
+        if not checks:
+            continue
+        data = _check_data(runs, i, names)
+        for check in checks:
+            scoped = _policy(read.overrides, key, now, t, check) if read.overrides else policy
+            for fired in run_checks(data, windows_i, reason, scoped.thresholds, (check,)):
+                rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
+    return rows
 
 
-def evaluate(store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[dict[str, Any]]:
-    """The alert rows for evaluation time `now`: one per enrolled run, or the fleet row.
-
-    A tick passes its `deadline` on to the store's reads.
-    """
-    return judge(store.read_tick(settings, now, deadline), settings, now)
+def _policy(rows: list[OverrideRow], key: tuple[str, str], now: datetime, base: Thresholds, scope: str) -> RunPolicy:
+    return resolve(rows, key[0], key[1], now, base, scope) if rows else RunPolicy(base)
 
 
-def rollup_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
-    """The tick's minute buckets, summed per run, window and loss base (`now` a whole minute)."""
-    baseline_start, recent_start = window_bounds(now, settings.thresholds)
-    return bucket_groups_query(
-        dialect,
-        settings.selection,
-        baseline_start,
-        now,
-        telemetry_table=settings.telemetry_table,
-        rollup_table=settings.rollup_table,
-        recent_start=recent_start,
+def judge_loss(
+    runs: TickRuns, thresholds: list[Thresholds], detectors: tuple[str, ...], now: datetime
+) -> list[tuple[LossWindows, str, tuple[float, float] | None]]:
+    """Per run: its seed windows, its loss reason, and what fired a detector (observed, limit)."""
+    hour = runs.grid.n.shape[1]
+    recent = {t.recent_minutes for t in thresholds}
+    seed = []
+    for width in sorted(recent):
+        base = minutes.merge_slots(runs.grid, 0, hour - width)
+        last = minutes.merge_slots(runs.grid, hour - width, hour)
+        fields = minutes.window_fields(
+            base, last, runs.samples[:, hour - width :].sum(axis=1), runs.not_finite[:, hour - width :].sum(axis=1)
+        )
+        seed.append((width, fields))
+    by_width = dict(seed)
+    out: list[tuple[LossWindows, str, tuple[float, float] | None]] = []
+    reasons: list[str] = []
+    for i, t in enumerate(thresholds):
+        windows = LossWindows(**by_width[t.recent_minutes][i], last_loss_at=runs.last_loss_at[i])
+        reason, _ = loss_spike_reason(windows, t, now)
+        out.append((windows, reason, None))
+        reasons.append(reason)
+    if not detectors:
+        return out
+    slow = np.array(
+        [
+            r == WARMING_UP
+            and w.baseline_samples >= t.min_baseline_samples
+            and w.recent_samples < t.min_recent_samples
+            and not is_stalled(w.last_loss_at, now, t)
+            for (w, r, _), t in zip(out, thresholds, strict=True)
+        ]
     )
+    widths = np.array([t.recent_minutes for t in thresholds])
+    widest = max(t.max_recent_minutes for t in thresholds)
+    widened = recent_width(runs.samples, 1, widest)
+    widths = np.where(slow, np.maximum(widths, widened), widths)
+    limits = {name: np.array([getattr(t, name) for t in thresholds], dtype=float) for name in _DETECTOR_LIMITS}
+    found = detect(runs.grid, widths, runs.history_n, runs.history_sum, limits, detectors)
+    for i, (windows, reason, _) in enumerate(out):
+        if reason == HEALTHY or (reason == WARMING_UP and slow[i]):
+            for name, finding in found.items():
+                if finding.fired[i]:
+                    out[i] = (windows, name, (float(finding.observed[i]), float(finding.limit[i])))
+                    break
+    return out
 
 
-def enrolled_from_groups(groups: pa.Table) -> list[EnrolledRun]:
-    """The watched runs whose minute buckets the rollup query returned, windows merged."""
-    runs = []
-    for cluster, run, job, fields in minutes.tick_windows(groups):
-        if fields["last_loss_at"] is not None:
-            fields["last_loss_at"] = minutes.instant(fields["last_loss_at"])
-        runs.append(EnrolledRun(cluster, run, job, LossWindows(**{k: fields[k] for k in WINDOW_FIELDS})))
-    return runs
+_DETECTOR_LIMITS = (
+    "shift_min_rise",
+    "shift_sigma",
+    "divergence_min_rise",
+    "instability_sigma",
+    "instability_min_rise",
+    "instability_count",
+)
 
 
-def rollup_enrolled(
-    store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None
-) -> list[EnrolledRun]:
-    """The watched runs read through minute buckets, in one job (tests compare it with the raw read)."""
-    return enrolled_from_groups(store.fetch(rollup_query(store.dialect, settings, now), deadline))
+def _check_data(runs: TickRuns, i: int, names: dict[str, str]) -> CheckData:
+    """One run's check metrics from its newest attempt's check minutes."""
+    records = sorted(runs.check_rows[i].get("minutes", []), key=lambda r: r["minute"])
+    metrics: dict[str, MetricMinutes] = {}
+    for key in CHECK_METRICS:
+        if key == "eval":
+            continue
+        mine = [r for r in records if r[f"{key}_last_at"] is not None]
+        if not mine:
+            continue
+        newest = max(mine, key=lambda r: r[f"{key}_last_at"])
+        finite = [r for r in mine if r[f"{key}_last_finite_at"] is not None]
+        newest_finite = max(finite, key=lambda r: r[f"{key}_last_finite_at"]) if finite else None
+        metrics[key] = MetricMinutes(
+            finite=[int(r[f"{key}_finite"] or 0) for r in mine],
+            sums=[float(r[f"{key}_sum"] or 0.0) for r in mine],
+            last=newest[f"{key}_last"],
+            last_finite=None if newest_finite is None else newest_finite[f"{key}_last_finite"],
+        )
+    return CheckData(metrics, runs.evals[i], names)
+
+
+def loss_row(
+    now: datetime,
+    key: tuple[str, str],
+    job: str,
+    windows: LossWindows,
+    reason: str,
+    finding: tuple[float, float] | None,
+    policy: RunPolicy,
+) -> dict[str, Any]:
+    """A run's loss row: the seed windows behind the verdict, and what fired a detector."""
+    t = policy.thresholds
+    pages = reason in PAGING_REASONS
+    return {
+        "evaluated_at": now,
+        "cluster": key[0],
+        "job": job,
+        "run": key[1],
+        "reason": reason,
+        "value": int(pages and not policy.silenced),
+        **{name: getattr(windows, name) for name in LossWindows.__dataclass_fields__},
+        "reference": reference(windows, t),
+        "band": band(windows, t),
+        "silenced": policy.silenced,
+        "note": policy.note,
+        "severity": "page" if pages else "",
+        "metric": None,
+        "observed": None if finding is None else finding[0],
+        "threshold": None if finding is None else finding[1],
+    }
+
+
+def check_row(now: datetime, key: tuple[str, str], job: str, fired: Any, policy: RunPolicy) -> dict[str, Any]:
+    """A firing check's row: the loss statistics are NULL, the check's own columns say why."""
+    empty = LossWindows()
+    return {
+        "evaluated_at": now,
+        "cluster": key[0],
+        "job": job,
+        "run": key[1],
+        "reason": fired.reason,
+        "value": int(not policy.silenced),
+        **{name: getattr(empty, name) for name in LossWindows.__dataclass_fields__},
+        "baseline_samples": None,
+        "recent_samples": None,
+        "recent_not_finite": None,
+        "reference": None,
+        "band": None,
+        "silenced": policy.silenced,
+        "note": policy.note,
+        "severity": fired.severity,
+        "metric": fired.metric,
+        "observed": fired.observed,
+        "threshold": fired.threshold,
+    }

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 # A timestamp column's NULL, as microseconds: older than any sample.
 NO_TIME = np.iinfo(np.int64).min
-_MICROS_PER_MINUTE = 60_000_000
+MICROS_PER_MINUTE = 60_000_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -123,7 +123,7 @@ def instant(micros: int) -> datetime:
 
 def minute_indexes(table: pa.Table, name: str = "minute") -> np.ndarray:
     """A whole-minute TIMESTAMP column as minutes since the epoch."""
-    return micros(table, name) // _MICROS_PER_MINUTE
+    return micros(table, name) // MICROS_PER_MINUTE
 
 
 def run_keys(table: pa.Table) -> tuple[list[tuple[str, str]], np.ndarray]:
@@ -160,44 +160,171 @@ def stddev(partial: Partial) -> np.ndarray:
         return np.where(partial.n > 1, np.sqrt(np.maximum(partial.m2, 0.0) / (partial.n - 1)), np.nan)
 
 
-def tick_windows(groups: pa.Table) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """Merge one tick's bucket groups (sql.bucket_groups_query with recent_start) into windows.
+def attempt_codes(table: pa.Table) -> np.ndarray:
+    """Each row's attempt as a rank: NULL sorts below every UID, UIDs in code-point order."""
+    uids = table.column("execution_uid").to_pylist()
+    ranks = {uid: i + 1 for i, uid in enumerate(sorted({u for u in uids if u is not None}))}
+    return np.array([0 if u is None else ranks[u] for u in uids], dtype=np.int64)
 
-    Returns (cluster, run, job, window fields) per enrolled run in (cluster, run) order;
-    `last_loss_at` is in microseconds since the epoch (None without a loss sample).
-    """
-    if groups.num_rows == 0:
-        return []
-    keys, run = run_keys(groups)
-    recent = groups.column("recent").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
-    size = len(keys)
-    partials = bucket_partials(groups)
-    base = reduce_by_key(run[~recent], Partial(*(f[~recent] for f in partials)), size)
-    last = reduce_by_key(run[recent], Partial(*(f[recent] for f in partials)), size)
-    loss = filled(groups, "loss_samples", 0, np.int64)
-    not_finite = filled(groups, "loss_not_finite", 0, np.int64)
-    recent_samples = np.bincount(run[recent], loss[recent], size).astype(np.int64)
-    recent_not_finite = np.bincount(run[recent], not_finite[recent], size).astype(np.int64)
-    loss_times = micros(groups, "last_loss_at")
-    last_loss = np.full(size, NO_TIME, dtype=np.int64)
-    np.maximum.at(last_loss, run, loss_times)
-    jobs = groups.column("job").to_pylist()
-    job_row = newest(run, micros(groups, "job_at"), size)
+
+def newest_attempt(run: np.ndarray, attempt: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
+    """Per run, the attempt of its newest row (ties: the larger attempt rank); -1 without rows."""
+    best = np.full(size, -1, dtype=np.int64)
+    if not len(run):
+        return best
+    order = np.lexsort((attempt, times, run))
+    last = np.r_[np.flatnonzero(np.diff(run[order])), len(order) - 1]
+    best[run[order][last]] = attempt[order][last]
+    return best
+
+
+def grid_partials(rows: np.ndarray, slots: np.ndarray, partial: Partial, size: int, width: int) -> Partial:
+    """The finite-loss partial of every (row, slot) cell of a runs x minutes grid."""
+    merged = reduce_by_key(rows * width + slots, partial, size * width)
+    return Partial(*(field.reshape(size, width) for field in merged))
+
+
+def merge_slots(grid: Partial, start: int, stop: int) -> Partial:
+    """Per grid row, the partial of slots [start, stop), merged oldest first."""
+    out = empty(grid.n.shape[0])
+    for slot in range(max(start, 0), stop):
+        out = combine(out, Partial(*(field[:, slot] for field in grid)))
+    return out
+
+
+def window_fields(base: Partial, recent: Partial, recent_samples: np.ndarray, recent_not_finite: np.ndarray) -> list:
+    """LossWindows' statistics per row from the merged baseline and recent partials."""
     base_sd = stddev(base)
     out = []
-    for i, (cluster, run_id) in enumerate(keys):
-        b, r = int(base.n[i]), int(last.n[i])
-        fields = {
-            "baseline_samples": b,
-            "baseline_mean": float(base.mean[i]) if b else None,
-            "baseline_stddev": float(base_sd[i]) if b > 1 else None,
-            "baseline_floor": float(base.floor[i]) if b else None,
-            "recent_samples": int(recent_samples[i]),
-            "recent_not_finite": int(recent_not_finite[i]),
-            "recent_mean": float(last.mean[i]) if r else None,
-            "recent_floor": float(last.floor[i]) if r else None,
-            "recent_peak": float(last.peak[i]) if r else None,
-            "last_loss_at": None if last_loss[i] == NO_TIME else int(last_loss[i]),
-        }
-        out.append((cluster, run_id, (jobs[job_row[i]] or "") if job_row[i] >= 0 else "", fields))
+    for i in range(len(base.n)):
+        b, r = int(base.n[i]), int(recent.n[i])
+        out.append(
+            {
+                "baseline_samples": b,
+                "baseline_mean": float(base.mean[i]) if b else None,
+                "baseline_stddev": float(base_sd[i]) if b > 1 else None,
+                "baseline_floor": float(base.floor[i]) if b else None,
+                "recent_samples": int(recent_samples[i]),
+                "recent_not_finite": int(recent_not_finite[i]),
+                "recent_mean": float(recent.mean[i]) if r else None,
+                "recent_floor": float(recent.floor[i]) if r else None,
+                "recent_peak": float(recent.peak[i]) if r else None,
+            }
+        )
     return out
+
+
+class TickRuns(NamedTuple):
+    """Everything a tick judges, per enrolled run, from one read of the minute buckets."""
+
+    keys: list[tuple[str, str]]
+    jobs: list[str]
+    # The judged attempt's finite losses per minute of the hour, oldest first: (runs, minutes).
+    grid: Partial
+    # Loss samples (non-finite included) and non-finite ones, per run and minute.
+    samples: np.ndarray
+    not_finite: np.ndarray
+    # The newest loss sample of the hour, any attempt (None without one).
+    last_loss_at: list[datetime | None]
+    # Slow divergence's older ten-minute blocks: finite counts and sums, (runs, blocks), oldest first.
+    history_n: np.ndarray
+    history_sum: np.ndarray
+    # The newest attempt's check rows and evaluation minutes, per run (lossspike.checks reads them).
+    check_rows: list[dict[str, list[dict[str, Any]]]]
+    evals: list[list[tuple[float, int]]]
+
+
+def _slots(table: pa.Table, now_us: int, width: int) -> np.ndarray:
+    """Each row's minute as a slot of the window of `width` minutes ending at now (0 oldest)."""
+    return width - (now_us - micros(table, "minute")) // MICROS_PER_MINUTE
+
+
+def tick_runs(
+    table: pa.Table,
+    now: datetime,
+    hour: int,
+    history: int,
+    attempts: str,
+    eval_fresh: int,
+) -> TickRuns:
+    """Assemble a tick's read (sql.tick_read_query) into per-run arrays.
+
+    Runs are those with a sample in the hour, in code-point order. A run's loss windows
+    read its newest attempt (the attempt of its newest sample of any metric, ties to the
+    larger UID, NULL below every UID) or with `attempts='all'` every attempt; the checks
+    always read the newest.
+    """
+    now_us = int((now - _EPOCH) // timedelta(microseconds=1))
+    part = np.array(table.column("part").to_pylist(), dtype=object)
+    hour_rows = table.filter(pa.array(part == "hour"))
+    keys, run = run_keys(hour_rows) if hour_rows.num_rows else ([], np.zeros(0, dtype=np.int64))
+    size = len(keys)
+    index = {key: i for i, key in enumerate(keys)}
+    codes = attempt_codes(table)
+    hour_codes = codes[part == "hour"]
+    chosen = newest_attempt(run, hour_codes, micros(hour_rows, "sample_at"), size)
+    judged = np.ones(len(run), dtype=bool) if attempts == "all" else hour_codes == chosen[run]
+    slots = _slots(hour_rows, now_us, hour)
+    partials = bucket_partials(hour_rows)
+    grid = grid_partials(run[judged], slots[judged], Partial(*(f[judged] for f in partials)), size, hour)
+    cells = run[judged] * hour + slots[judged]
+    samples = np.bincount(cells, filled(hour_rows, "loss_samples", 0, np.int64)[judged], size * hour)
+    not_finite = np.bincount(cells, filled(hour_rows, "loss_not_finite", 0, np.int64)[judged], size * hour)
+    loss_at = np.full(size, NO_TIME, dtype=np.int64)
+    np.maximum.at(loss_at, run, micros(hour_rows, "last_loss_at"))
+    jobs = hour_rows.column("job").to_pylist()
+    job_row = newest(run, micros(hour_rows, "job_at"), size)
+
+    def rows_of(name: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        mask = part == name
+        rows = table.filter(pa.array(mask))
+        pairs = zip(rows.column("run_cluster").to_pylist(), rows.column("run_id").to_pylist(), strict=True)
+        found = [index.get(pair, -1) for pair in pairs]
+        return rows, np.array(found, dtype=np.int64), codes[mask]
+
+    blocks = max(0, -(-(history - hour) // 10))
+    history_n = np.zeros((size, blocks))
+    history_sum = np.zeros((size, blocks))
+    rows, owner, attempt = rows_of("history")
+    if rows.num_rows and blocks:
+        keep = (owner >= 0) & ((attempts == "all") | (attempt == chosen[np.maximum(owner, 0)]))
+        age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
+        position = blocks - 1 - (age - 1) // 10
+        keep &= (position >= 0) & (position < blocks)
+        np.add.at(history_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
+        np.add.at(history_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
+
+    check_rows: list[dict[str, list[dict[str, Any]]]] = [{} for _ in range(size)]
+    rows, owner, attempt = rows_of("checks")
+    if rows.num_rows:
+        records = rows.to_pylist()
+        for record, who, code in zip(records, owner.tolist(), attempt.tolist(), strict=True):
+            if who >= 0 and code == chosen[who]:
+                check_rows[who].setdefault("minutes", []).append(record)
+    evals: list[list[tuple[float, int]]] = [[] for _ in range(size)]
+    rows, owner, attempt = rows_of("eval")
+    if rows.num_rows:
+        values = rows.column("eval_last_finite").to_pylist()
+        at = micros(rows, "eval_last_finite_at")
+        minute = micros(rows, "minute")
+        for i, (who, code) in enumerate(zip(owner.tolist(), attempt.tolist(), strict=True)):
+            if who >= 0 and code == chosen[who]:
+                evals[who].append((float(values[i]), int(minute[i]), int(at[i])))
+        fresh_from = now_us - eval_fresh * MICROS_PER_MINUTE
+        for i, found in enumerate(evals):
+            found.sort(key=lambda e: e[1], reverse=True)
+            kept = [(value, minute) for value, minute, _ in found[:2]]
+            # The newest evaluation must be recent; the one before it may be a day old.
+            evals[i] = kept if found and found[0][2] >= fresh_from else []
+    return TickRuns(
+        keys,
+        [(jobs[j] or "") if j >= 0 else "" for j in job_row.tolist()],
+        grid,
+        samples.reshape(size, hour),
+        not_finite.reshape(size, hour),
+        [None if t == NO_TIME else instant(int(t)) for t in loss_at.tolist()],
+        history_n,
+        history_sum,
+        check_rows,
+        evals,
+    )

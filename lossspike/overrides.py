@@ -35,7 +35,30 @@ OVERRIDES_SCHEMA: list[dict[str, str]] = json.loads(OVERRIDES_SCHEMA_PATH.read_t
 OVERRIDE_COLUMNS = tuple(c["name"] for c in OVERRIDES_SCHEMA)
 # The Thresholds fields a row may set for a run; the windows' lengths stay global
 # because one query reduces every run over the same windows.
-THRESHOLD_COLUMNS = ("sigma", "min_rise", "min_baseline_samples", "min_recent_samples", "reference", "stall_minutes")
+THRESHOLD_COLUMNS = (
+    "sigma",
+    "min_rise",
+    "min_baseline_samples",
+    "min_recent_samples",
+    "reference",
+    "stall_minutes",
+    "shift_min_rise",
+    "shift_sigma",
+    "divergence_min_rise",
+    "instability_sigma",
+    "instability_min_rise",
+    "instability_count",
+    "loss_jump_limit",
+    "grad_norm_limit",
+    "skipped_steps_limit",
+    "throughput_floor",
+    "mfu_floor",
+    "token_drop_limit",
+    "router_entropy_limit",
+    "router_bias_limit",
+)
+# The scope of a row naming the loss row only (`reason`); NULL is every row of the run.
+LOSS_SCOPE = "loss"
 # Every column resolved per run, each on its own (SPEC.md: "per column").
 RESOLVED_COLUMNS = (*THRESHOLD_COLUMNS, "silenced_until", "finished", "note")
 # The cluster of a row written for an empty or NULL cluster, as enrollment normalises it.
@@ -73,6 +96,21 @@ class OverrideRow:
     min_recent_samples: int | None = None
     reference: str | None = None
     stall_minutes: int | None = None
+    shift_min_rise: float | None = None
+    shift_sigma: float | None = None
+    divergence_min_rise: float | None = None
+    instability_sigma: float | None = None
+    instability_min_rise: float | None = None
+    instability_count: int | None = None
+    loss_jump_limit: float | None = None
+    grad_norm_limit: float | None = None
+    skipped_steps_limit: float | None = None
+    throughput_floor: float | None = None
+    mfu_floor: float | None = None
+    token_drop_limit: float | None = None
+    router_entropy_limit: float | None = None
+    router_bias_limit: float | None = None
+    reason: str | None = None
     silenced_until: datetime | None = None
     finished: bool | None = None
     note: str | None = None
@@ -191,15 +229,26 @@ def _newest(ranked: Sequence[OverrideRow], column: str, base: Thresholds) -> Any
     return None
 
 
-def resolve(rows: Iterable[OverrideRow], cluster: str, run: str, now: datetime, base: Thresholds) -> RunPolicy:
-    """The overrides in force for one run at `now`: its thresholds, silence and note.
+def resolve(
+    rows: Iterable[OverrideRow],
+    cluster: str,
+    run: str,
+    now: datetime,
+    base: Thresholds,
+    scope: str = LOSS_SCOPE,
+) -> RunPolicy:
+    """The overrides in force for one row of a run at `now`: its thresholds, silence and note.
 
-    Per column, the value comes from the highest-ranked matching row with
-    created_at <= now that sets it (see `_precedence`). A threshold value that
-    the settings would refuse is skipped as if NULL.
+    `scope` is the row: LOSS_SCOPE for the loss row, a check's reason for its row; rows
+    naming that scope or none (the whole run) count, and compete by rank alone. Per
+    column, the value comes from the highest-ranked matching row with created_at <= now
+    that sets it (see `_precedence`). A threshold value the settings would refuse is
+    skipped as if NULL.
     """
     ranked = sorted(
-        (r for r in rows if r.created_at <= now and matches(r, cluster, run)), key=_precedence, reverse=True
+        (r for r in rows if r.created_at <= now and r.reason in (None, scope) and matches(r, cluster, run)),
+        key=_precedence,
+        reverse=True,
     )
     if not ranked:
         return RunPolicy(base)
@@ -211,27 +260,31 @@ def resolve(rows: Iterable[OverrideRow], cluster: str, run: str, now: datetime, 
 
 
 def run_policies(
-    runs: Iterable[tuple[str, str]], rows: Sequence[OverrideRow], now: datetime, base: Thresholds
+    runs: Iterable[tuple[str, str]],
+    rows: Sequence[OverrideRow],
+    now: datetime,
+    base: Thresholds,
+    scope: str = LOSS_SCOPE,
 ) -> dict[tuple[str, str], RunPolicy]:
     """`resolve` for every (cluster, run) that some row matches; the others keep `base`."""
     policies = {}
     for cluster, run in runs:
         if any(matches(r, cluster, run) for r in rows):
-            policies[(cluster, run)] = resolve(rows, cluster, run, now, base)
+            policies[(cluster, run)] = resolve(rows, cluster, run, now, base, scope)
     return policies
 
 
 def in_force(rows: Iterable[OverrideRow], now: datetime) -> list[OverrideRow]:
     """The rows still setting something at `now`, newest first.
 
-    Judged per (run_pattern, cluster): a row is in force when it is the newest
+    Judged per (run_pattern, cluster, reason): a row is in force when it is the newest
     of its kind to set a threshold, an unexpired silence or `finished = true`.
     Rows under different patterns that match the same run are all listed.
     """
-    groups: dict[tuple[str, str | None], list[OverrideRow]] = {}
+    groups: dict[tuple[str, str | None, str | None], list[OverrideRow]] = {}
     for row in rows:
         if row.created_at <= now:
-            groups.setdefault((row.run_pattern, _row_cluster(row)), []).append(row)
+            groups.setdefault((row.run_pattern, _row_cluster(row), row.reason), []).append(row)
     kept: list[OverrideRow] = []
     for group in groups.values():
         group.sort(key=_precedence, reverse=True)

@@ -24,16 +24,35 @@ WARMING_UP = "warming_up"
 NOT_FINITE = "not_finite"
 STALLED = "stalled"
 SPIKING = "spiking"
+LEVEL_SHIFT = "level_shift"
+SLOW_DIVERGENCE = "slow_divergence"
+INSTABILITY = "instability"
 HEALTHY = "healthy"
+# The detectors beyond the seed rule (lossspike.detectors), in the order they are tried.
+DETECTORS = (LEVEL_SHIFT, SLOW_DIVERGENCE, INSTABILITY)
 # In the order the rule tries them; the first that matches wins.
-REASONS = (NOT_FINITE, STALLED, WARMING_UP, SPIKING, HEALTHY)
-# The reasons worth a page, each its own Cloud Monitoring series per run.
-PAGING_REASONS = (SPIKING, NOT_FINITE, STALLED)
+REASONS = (NOT_FINITE, STALLED, WARMING_UP, SPIKING, *DETECTORS, HEALTHY)
+# The loss reasons worth a page.
+PAGING_REASONS = (SPIKING, NOT_FINITE, STALLED, *DETECTORS)
 REFERENCES = ("mean", "floor")
+# How a run's windows read its attempts (execution UIDs): the newest one only, or all.
+ATTEMPTS = ("newest", "all")
+# The severity of a row that pages; `notify` rows go to a quieter route.
+PAGE = "page"
+NOTIFY = "notify"
 # A loss at or beyond this magnitude counts as non-finite (SPEC.md): no model trains
 # there, and past it a sum of squares overflows in some engine, so defining it on the
 # data keeps every engine and every aggregation order on the same verdict.
 NON_FINITE_MAGNITUDE = 1e150
+
+# Model-specific check thresholds: unset (None) keeps their check off.
+OPTIONAL_LIMITS = ("throughput_floor", "mfu_floor", "token_drop_limit", "router_entropy_limit", "router_bias_limit")
+# A day: the longest horizon the tick reads (the evaluation-loss lookback), and so the
+# most the slow-divergence horizon may ask for without a longer read.
+MAX_HORIZON_MINUTES = 24 * 60
+# The detectors judge a level against at least this many minutes of baseline with data,
+# so a restarted attempt's first minutes never page.
+MIN_DETECTOR_BASELINE_MINUTES = 20
 
 # The row written when nothing is enrolled, so that "no data" is reserved for a
 # broken evaluator.
@@ -62,6 +81,41 @@ class Thresholds:
     # hung collective pages well within the hour it stays enrolled. 0 turns the check off.
     stall_minutes: int = 15
 
+    # --- the detectors (lossspike.detectors; the README defines each) ---
+    # A level shift smaller than this is within what a hero run's loss wanders by in an
+    # hour; 0.1 nats is where the published incidents start to matter.
+    shift_min_rise: float = 0.1
+    # Robust minute-to-minute spreads above the local level: as far out as skip-step's band.
+    shift_sigma: float = 6.0
+    # A rise over the best 10-minute level of the horizon this large is a divergence, not noise:
+    # ten-minute medians of a clean run never climb back this far.
+    divergence_min_rise: float = 0.15
+    # The slow-divergence horizon: three times the baseline, so a creep of 0.1 nats/h shows.
+    divergence_minutes: int = 180
+    # An excursion is a minute whose peak clears the local level by this many within-minute
+    # standard deviations (skip-step's rejection band)...
+    instability_sigma: float = 6.0
+    # ...and by at least this much, so a noisy but healthy run's peaks are not excursions.
+    instability_min_rise: float = 0.2
+    # This many separate excursions in the window make a spike train; one or two are transients.
+    instability_count: int = 3
+    # How far the recent window widens for a run that steps slower than it allows.
+    max_recent_minutes: int = 15
+
+    # --- the run-health checks (lossspike.checks; SPEC.md's table) ---
+    # Marin's hero-run health alert: a loss floor this far above the baseline floor is a jump.
+    loss_jump_limit: float = 1.0
+    # Marin: a clipped-gradient run sits well under 2; above it divergence usually follows.
+    grad_norm_limit: float = 2.0
+    # Marin: three skipped steps in 15 minutes is the optimizer rejecting a trend, not a blip.
+    skipped_steps_limit: float = 3.0
+    # Model-specific: no default, the check is off until set.
+    throughput_floor: float | None = None
+    mfu_floor: float | None = None
+    token_drop_limit: float | None = None
+    router_entropy_limit: float | None = None
+    router_bias_limit: float | None = None
+
     def __post_init__(self) -> None:
         problems = threshold_problems(self)
         if problems:
@@ -89,6 +143,34 @@ def threshold_problems(t: Any) -> list[str]:
     elif isinstance(t.baseline_minutes, int) and stall >= t.baseline_minutes:
         # A run silent for the whole baseline is no longer enrolled, so it could never read stalled.
         problems.append(f"stall_minutes ({stall}) must be less than baseline_minutes ({t.baseline_minutes})")
+    for name in (
+        "shift_min_rise",
+        "shift_sigma",
+        "divergence_min_rise",
+        "instability_sigma",
+        "instability_min_rise",
+        "loss_jump_limit",
+        "grad_norm_limit",
+        "skipped_steps_limit",
+    ):
+        value = getattr(t, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            problems.append(f"{name} must be a finite number >= 0, got {value!r}")
+    for name in OPTIONAL_LIMITS:
+        value = getattr(t, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ):
+            problems.append(f"{name} must be a finite number or unset, got {value!r}")
+    count = t.instability_count
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        problems.append(f"instability_count must be a positive integer, got {count!r}")
+    # Both are bounded against the windows where they are used (detectors.horizons), so a
+    # short test baseline never makes the defaults invalid.
+    for name in ("divergence_minutes", "max_recent_minutes"):
+        value = getattr(t, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HORIZON_MINUTES:
+            problems.append(f"{name} must be an integer from 1 to {MAX_HORIZON_MINUTES}, got {value!r}")
     if t.reference not in REFERENCES:
         problems.append(f"reference must be one of {', '.join(REFERENCES)}, got {t.reference!r}")
     return problems
@@ -251,6 +333,10 @@ def _row(
         "band": limit,
         "silenced": policy.silenced,
         "note": policy.note,
+        "severity": PAGE if reason in PAGING_REASONS else "",
+        "metric": None,
+        "observed": None,
+        "threshold": None,
     }
 
 

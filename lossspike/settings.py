@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Any
 
-from lossspike.rule import REFERENCES, Thresholds, threshold_problems
-from lossspike.sql import Selection, validate_table
+from lossspike.checks import CHECK_REASONS
+from lossspike.rule import ATTEMPTS, DETECTORS, REFERENCES, Thresholds, threshold_problems
+from lossspike.sql import CHECK_METRICS, Selection, validate_table
 
 ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")
@@ -50,6 +51,13 @@ class Settings:
     max_bytes_billed: int = DEFAULT_MAX_BYTES_BILLED
     # Cloud Monitoring series; on by default only where Cloud Monitoring exists.
     monitoring: bool | None = None
+    # The detectors beyond the seed rule, in the rule's order (none: the seed rule alone).
+    detectors: tuple[str, ...] = DETECTORS
+    # The run-health checks; None is the default set (checks.enabled_checks).
+    checks: tuple[str, ...] | None = None
+    # Which attempts a run's loss windows read: the newest (a restart's rewind is never a
+    # spike) or all of them, the seed rule's reading.
+    attempts: str = "newest"
     thresholds: Thresholds = field(default_factory=Thresholds)
     selection: Selection = field(default_factory=Selection)
 
@@ -125,6 +133,36 @@ def _list(value: str) -> tuple[str, ...]:
     return tuple(item for item in items if item)
 
 
+def _names(options: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """A comma list of some of `options`, or all, or none."""
+
+    def parse(value: str) -> tuple[str, ...]:
+        text = value.strip()
+        if text == "all":
+            return options
+        if text == "none":
+            return ()
+        listed = _list(text)
+        unknown = [name for name in listed if name not in options]
+        if unknown or not listed:
+            raise ValueError(f"must be all, none or a comma list of {', '.join(options)}")
+        return tuple(name for name in options if name in listed)
+
+    return parse
+
+
+def _optional_float(value: str) -> float | None:
+    if not value.strip():
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError("must be a finite number, or empty for unset") from None
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number, or empty for unset")
+    return number
+
+
 def _bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -182,6 +220,26 @@ OPTIONS = (
     Option("min_recent_samples", _positive_int, "Recent samples before judging."),
     Option("reference", _choice(REFERENCES), "Baseline reference: mean or floor."),
     Option("stall_minutes", _non_negative_int, "Minutes without a loss sample before a run is stalled; 0 is off."),
+    Option("detectors", _names(DETECTORS), "Detectors beyond the seed rule: all, none or a comma list."),
+    Option("attempts", _choice(ATTEMPTS), "Loss windows read the newest attempt of a run, or all attempts."),
+    Option("shift_min_rise", _non_negative_float, "level_shift: smallest rise over the local level that counts."),
+    Option("shift_sigma", _non_negative_float, "level_shift: robust minute-to-minute spreads above the local level."),
+    Option("divergence_min_rise", _non_negative_float, "slow_divergence: rise over the horizon's best level."),
+    Option("divergence_minutes", _window_minutes, "slow_divergence: the horizon, in minutes (at most 1440)."),
+    Option("instability_sigma", _non_negative_float, "instability: within-minute spreads an excursion clears."),
+    Option("instability_min_rise", _non_negative_float, "instability: smallest excursion that counts."),
+    Option("instability_count", _positive_int, "instability: separate excursions in the window that page."),
+    Option("max_recent_minutes", _window_minutes, "How far the recent window widens for a slow-stepping run."),
+    Option("checks", _names(CHECK_REASONS), "Run-health checks: all, none or a comma list (default: README)."),
+    Option("loss_jump_limit", _non_negative_float, "loss_jump: recent floor minus baseline floor that fires."),
+    Option("grad_norm_limit", _non_negative_float, "grad_norm_high: newest gradient norm above this fires."),
+    Option("skipped_steps_limit", _non_negative_float, "steps_skipped: skipped steps in 15 minutes that fire."),
+    Option("throughput_floor", _optional_float, "throughput_low: tokens per second below this (unset: off)."),
+    Option("mfu_floor", _optional_float, "mfu_low: MFU in percent below this (unset: off)."),
+    Option("token_drop_limit", _optional_float, "token_drops: MoE drop fraction above this (unset: off)."),
+    Option("router_entropy_limit", _optional_float, "router_entropy: routing entropy below this (unset: off)."),
+    Option("router_bias_limit", _optional_float, "router_bias: largest absolute router bias above this (unset: off)."),
+    *(Option(f"{key}_metric", _text, f"Metric name of the {key.replace('_', ' ')} check.") for key in CHECK_METRICS),
 )
 OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}
 _GROUPS = {
@@ -199,7 +257,7 @@ def default_text(key: str) -> str:
     else:
         value = getattr(Settings(), key)
     if value is None:
-        return "auto"
+        return "default" if key == "checks" else "unset" if key in _GROUPS[Thresholds] else "auto"
     if isinstance(value, tuple):
         return ",".join(value)
     return str(value)
@@ -239,6 +297,11 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
         raise ConfigError("; ".join(_name_sources(threshold_messages, sources)))
     thresholds = Thresholds(**groups[Thresholds])
     settings = Settings(**values, thresholds=thresholds, selection=Selection(**groups[Selection]))
+    names = {key: getattr(settings.selection, f"{key}_metric") for key in CHECK_METRICS}
+    clashes = [key for key, name in names.items() if name == settings.selection.metric]
+    if clashes:
+        option = OPTIONS_BY_KEY[f"{clashes[0]}_metric"]
+        raise ConfigError(f"{option.env}: must differ from the loss metric ({settings.selection.metric})")
     if settings.backend == "bigquery":
         for key in ("telemetry_table", "alerts_table", "rollup_table"):
             if getattr(settings, key) and getattr(settings, key).count(".") != 2:

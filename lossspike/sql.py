@@ -43,6 +43,13 @@ class Dialect:
     newest: str  # the value of the newest row by a key, NULLs skipped
     in_list: str
     minute: str  # the timestamp rounded down to its UTC minute, still a timestamp
+    # The start of the minute, counted back from the parameter {1} (a tick's now), holding {0}:
+    # windows ending at any instant are then unions of whole buckets.
+    aligned_minute: str
+    minutes_before: str  # whole minutes from timestamp {1} back to timestamp {0} earlier
+    div: str  # integer division, rounding down for the non-negative operands used here
+    row_number: str  # ROW_NUMBER() over a partition and an order
+    types: dict[str, str]  # GoogleSQL type name -> this engine's, for typed NULLs
 
 
 BIGQUERY = Dialect(
@@ -56,6 +63,11 @@ BIGQUERY = Dialect(
     newest="MAX_BY({}, {})",
     in_list="{} IN UNNEST({})",
     minute="TIMESTAMP_TRUNC({}, MINUTE)",
+    aligned_minute=("TIMESTAMP_SUB({1}, INTERVAL DIV(TIMESTAMP_DIFF({1}, {0}, MICROSECOND) - 1, 60000000) + 1 MINUTE)"),
+    minutes_before="TIMESTAMP_DIFF({1}, {0}, MINUTE)",
+    div="DIV({}, {})",
+    row_number="ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {})",
+    types={},
 )
 
 DUCKDB = Dialect(
@@ -70,6 +82,12 @@ DUCKDB = Dialect(
     in_list="list_contains({1}, {0})",
     # Epoch arithmetic again: date_trunc on TIMESTAMPTZ would consult the session time zone.
     minute="to_timestamp(CAST(floor(epoch_us({}) / 60000000) AS BIGINT) * 60)",
+    # Interval arithmetic on TIMESTAMPTZ is exact in the UTC session the stores set.
+    aligned_minute="{1} - to_minutes(CAST((epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1 AS BIGINT))",
+    minutes_before="CAST((epoch_us({1}) - epoch_us({0})) // 60000000 AS BIGINT)",
+    div="({} // {})",
+    row_number="row_number() OVER (PARTITION BY {} ORDER BY {})",
+    types={"FLOAT64": "DOUBLE", "INT64": "BIGINT", "TIMESTAMP": "TIMESTAMPTZ", "STRING": "VARCHAR", "BOOL": "BOOLEAN"},
 )
 
 DIALECTS = {d.name: d for d in (BIGQUERY, DUCKDB)}
@@ -82,12 +100,39 @@ def quote_table(dialect: Dialect, name: str) -> str:
     return ".".join(f"{q}{part}{q}" for part in parts)
 
 
+# The run-health metrics a minute bucket carries beside the loss, by key (SPEC.md's checks
+# table); each key's metric name is a Selection field `<key>_metric`.
+CHECK_METRICS = (
+    "grad_norm",
+    "skipped_steps",
+    "eval",
+    "throughput",
+    "mfu",
+    "token_drops",
+    "router_entropy",
+    "router_bias_max",
+    "router_bias_min",
+)
+# The role a bucket's metric plays: its own rows for the loss and for the evaluation loss
+# (read over a day, so kept apart to prune), one row for every other metric of a run-minute.
+LOSS_ROLE, EVAL_ROLE, OTHER_ROLE = "loss", "eval", ""
+
+
 @dataclass(frozen=True)
 class Selection:
-    """Which telemetry rows count: the service, the loss metric and the watched runs."""
+    """Which telemetry rows count: the service, the loss and check metrics, and the watched runs."""
 
     service: str = "levanter"
     metric: str = "train_loss"
+    grad_norm_metric: str = "grad_norm_total"
+    skipped_steps_metric: str = "optim_skipped_step"
+    eval_metric: str = "eval_paloma_macro_loss"
+    throughput_metric: str = "throughput_tokens_per_second"
+    mfu_metric: str = "throughput_mfu"
+    token_drops_metric: str = "moe_drop_fraction"
+    router_entropy_metric: str = "train_router_routing_entropy_mean"
+    router_bias_max_metric: str = "train_router_bias_max"
+    router_bias_min_metric: str = "train_router_bias_min"
     # SQL LIKE over run_id; ignored when run_ids is given.
     run_pattern: str = "hero-%"
     run_ids: tuple[str, ...] = ()
@@ -242,25 +287,43 @@ GROUP BY cluster, run_id"""
 
 # Filter values written into the view's SQL as literals: no quoting is ever needed.
 _LITERAL = re.compile(r"^[A-Za-z0-9_.%/:@+\-]+$")
-# Columns of a minute bucket, in the view's order (Grafana and Terraform read them too).
-MINUTE_COLUMNS = (
-    "run_cluster",
-    "run_id",
-    "execution_uid",
-    "minute",
-    "loss_base",
-    "samples",
-    "loss_samples",
-    "loss_not_finite",
-    "loss_finite",
-    "loss_sum",
-    "loss_sum_squares",
-    "loss_floor",
-    "loss_peak",
-    "last_loss_at",
-    "job",
-    "job_at",
-)
+# What a bucket keeps of each check metric: its finite count and sum (sums, per-minute
+# means), its newest value and time (a page check fires on a non-finite one), and its
+# newest finite value and time (a notify check ignores non-finite values).
+CHECK_PARTS = {
+    "finite": "INT64",
+    "sum": "FLOAT64",
+    "last": "FLOAT64",
+    "last_at": "TIMESTAMP",
+    "last_finite": "FLOAT64",
+    "last_finite_at": "TIMESTAMP",
+}
+# Every column of a minute bucket with its GoogleSQL type, in the view's order (Grafana,
+# Terraform and the tick's read name them).
+MINUTE_TYPES = {
+    "run_cluster": "STRING",
+    "run_id": "STRING",
+    "execution_uid": "STRING",
+    "minute": "TIMESTAMP",
+    "metric": "STRING",
+    "loss_base": "FLOAT64",
+    "samples": "INT64",
+    "sample_at": "TIMESTAMP",
+    "loss_samples": "INT64",
+    "loss_not_finite": "INT64",
+    "loss_finite": "INT64",
+    "loss_sum": "FLOAT64",
+    "loss_sum_squares": "FLOAT64",
+    "loss_floor": "FLOAT64",
+    "loss_peak": "FLOAT64",
+    "last_loss_at": "TIMESTAMP",
+    "job": "STRING",
+    "job_at": "TIMESTAMP",
+    **{f"{key}_{part}": kind for key in CHECK_METRICS for part, kind in CHECK_PARTS.items()},
+}
+MINUTE_COLUMNS = tuple(MINUTE_TYPES)
+_BUCKET_KEYS = MINUTE_COLUMNS[:6]
+_LOSS_COLUMNS = MINUTE_COLUMNS[8:16]
 
 
 def literal(value: str, what: str) -> str:
@@ -273,6 +336,11 @@ def literal(value: str, what: str) -> str:
     return f"'{value}'"
 
 
+def metric_names(selection: Selection) -> dict[str, str]:
+    """Check key -> the metric name the selection reads for it."""
+    return {key: getattr(selection, f"{key}_metric") for key in CHECK_METRICS}
+
+
 def minute_buckets(
     dialect: Dialect,
     table: str,
@@ -281,52 +349,78 @@ def minute_buckets(
     start: datetime | None = None,
     end: datetime | None = None,
     since: datetime | None = None,
+    aligned_to: str = "",
+    dense_start: datetime | None = None,
 ) -> str:
     """The SELECT reducing raw telemetry to minute buckets.
 
     With `params`, filters are query parameters added to it and [start, end) bounds
-    the rows read; without, filters are literals and `since` (a whole time) is the
-    view's lower bound, as a materialized view needs.
+    the rows read (the evaluation loss's rows only, where `dense_start` cuts the others
+    shorter); without, filters are literals and `since` (a whole time) is the view's
+    lower bound, as a materialized view needs. Buckets are clock minutes, or with
+    `aligned_to` (a parameter name) minutes counted back from that instant.
     """
     d = dialect
+    names = metric_names(selection)
     if params is None:
-        service, metric = literal(selection.service, "service"), literal(selection.metric, "metric")
+        service, loss = literal(selection.service, "service"), literal(selection.metric, "metric")
+        checks = {key: literal(name, f"{key} metric") for key, name in names.items()}
         runs = f"run_id LIKE {literal(selection.run_pattern, 'run pattern')}"
         bounds = "" if since is None else f"timestamp >= TIMESTAMP '{since.astimezone(UTC):%Y-%m-%d %H:%M:%S}'\n  AND "
     else:
         p = d.param.format
         params["service"], params["metric"] = selection.service, selection.metric
-        service, metric = p("service"), p("metric")
+        service, loss = p("service"), p("metric")
+        checks = {}
+        for key, name in names.items():
+            params[f"{key}_metric"] = name
+            checks[key] = p(f"{key}_metric")
         runs = watched_runs(d, selection, params)
         params["rows_start"], params["rows_end"] = start, end
         bounds = f"timestamp >= {p('rows_start')}\n  AND timestamp < {p('rows_end')}\n  AND "
-    loss = f"name = {metric}"
-    finite = f"{loss} AND {d.finite.format('value')}"
+        if dense_start is not None:
+            params["dense_start"] = dense_start
+            bounds += f"(timestamp >= {p('dense_start')} OR name = {checks['eval']})\n  AND "
+    is_loss = f"name = {loss}"
+    finite = d.finite.format("value")
     offset = "value - TRUNC(value)"
 
     def when(condition: str, value: str) -> str:
         return d.if_.format(condition, value)
 
+    minute = (
+        d.aligned_minute.format("timestamp", d.param.format(aligned_to)) if aligned_to else d.minute.format("timestamp")
+    )
+    role = f"CASE WHEN {is_loss} THEN '{LOSS_ROLE}' WHEN name = {checks['eval']} THEN '{EVAL_ROLE}' ELSE '' END"
     columns = {
         "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
-        "minute": d.minute.format("timestamp"),
-        "loss_base": when(finite, "TRUNC(value)"),
+        "minute": minute,
+        "metric": role,
+        "loss_base": when(f"{is_loss} AND {finite}", "TRUNC(value)"),
         "samples": "COUNT(*)",
-        "loss_samples": d.count_if.format(loss),
-        "loss_not_finite": d.count_if.format(f"{loss} AND NOT {d.finite.format('value')}"),
-        "loss_finite": d.count_if.format(finite),
-        "loss_sum": f"SUM({when(finite, offset)})",
-        "loss_sum_squares": f"SUM({when(finite, f'({offset}) * ({offset})')})",
-        "loss_floor": f"MIN({when(finite, 'value')})",
-        "loss_peak": f"MAX({when(finite, 'value')})",
-        "last_loss_at": f"MAX({when(loss, 'timestamp')})",
+        "sample_at": "MAX(timestamp)",
+        "loss_samples": d.count_if.format(is_loss),
+        "loss_not_finite": d.count_if.format(f"{is_loss} AND NOT {finite}"),
+        "loss_finite": d.count_if.format(f"{is_loss} AND {finite}"),
+        "loss_sum": f"SUM({when(f'{is_loss} AND {finite}', offset)})",
+        "loss_sum_squares": f"SUM({when(f'{is_loss} AND {finite}', f'({offset}) * ({offset})')})",
+        "loss_floor": f"MIN({when(f'{is_loss} AND {finite}', 'value')})",
+        "loss_peak": f"MAX({when(f'{is_loss} AND {finite}', 'value')})",
+        "last_loss_at": f"MAX({when(is_loss, 'timestamp')})",
         "job": newest_job(d),
         "job_at": f"MAX({when(JOB_PRESENT, 'timestamp')})",
     }
+    for key, name in checks.items():
+        mine, fine = f"name = {name}", f"name = {name} AND {finite}"
+        columns[f"{key}_finite"] = d.count_if.format(fine)
+        columns[f"{key}_sum"] = f"SUM({when(fine, 'value')})"
+        columns[f"{key}_last"] = d.newest.format(when(mine, "value"), when(mine, "timestamp"))
+        columns[f"{key}_last_at"] = f"MAX({when(mine, 'timestamp')})"
+        columns[f"{key}_last_finite"] = d.newest.format(when(fine, "value"), when(fine, "timestamp"))
+        columns[f"{key}_last_finite_at"] = f"MAX({when(fine, 'timestamp')})"
     listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
-    keys = ", ".join(MINUTE_COLUMNS[:5])
     return f"""SELECT
   {listed}
 FROM {quote_table(d, table)}
@@ -334,7 +428,15 @@ WHERE {bounds}service = {service}
   AND value IS NOT NULL
   AND run_id <> ''
   AND {runs}
-GROUP BY {keys}"""
+GROUP BY {", ".join(_BUCKET_KEYS)}"""
+
+
+def _attempt_filter(dialect: Dialect, selection: Selection, params: dict[str, object]) -> str:
+    """The condition an explicit attempt list puts on the loss columns (TRUE without one)."""
+    if not selection.execution_uids:
+        return "TRUE"
+    params["execution_uids"] = list(selection.execution_uids)
+    return dialect.in_list.format("execution_uid", dialect.param.format("execution_uids"))
 
 
 def bucket_groups_query(
@@ -344,62 +446,198 @@ def bucket_groups_query(
     end: datetime,
     *,
     telemetry_table: str,
-    rollup_table: str = "",
-    recent_start: datetime | None = None,
 ) -> Query:
-    """The minute buckets of the watched runs in [start, end), summed per loss base.
+    """The watched runs' loss buckets in [start, end), per attempt, clock minute and loss base.
 
-    Grouped per (cluster, run, minute, loss base) for a backtest or a plot, or with
-    `recent_start` per (cluster, run, recent or baseline, loss base) for one tick:
-    buckets sharing a base add up exactly, so a tick reads a few rows per run. The
-    buckets come from the rollup view when one is named, else from raw telemetry.
-    Only the chosen attempts count for the loss; every sample counts for enrollment.
+    The backtest's and the plot's read: every metric's samples count for enrollment and
+    the newest attempt, the chosen attempts' losses for the windows.
     """
     d = dialect
-    p = d.param.format
     params: dict[str, object] = {}
-    if rollup_table:
-        # The view holds every run of its pattern since it was built: narrow it here.
-        params.update(start=start, end=end)
-        source = quote_table(d, rollup_table)
-        runs = watched_runs(d, selection, params)
-        where = f"\nWHERE minute >= {p('start')}\n  AND minute < {p('end')}\n  AND {runs}"
-    else:
-        # Raw telemetry is filtered to the selection and [start, end) where it is read.
-        source = f"(\n{minute_buckets(d, telemetry_table, selection, params, start, end)}\n) AS buckets"
-        where = ""
-    attempt = "TRUE"
-    if selection.execution_uids:
-        params["execution_uids"] = list(selection.execution_uids)
-        attempt = d.in_list.format("execution_uid", p("execution_uids"))
-    if recent_start is None:
-        part, name = "minute", "minute"
-    else:
-        params["recent_start"] = recent_start
-        part, name = f"minute >= {p('recent_start')}", "recent"
-
-    def loss(fn: str, column: str) -> str:
-        return f"{fn}({d.if_.format(attempt, column)}) AS {column}"
-
+    source = f"(\n{minute_buckets(d, telemetry_table, selection, params, start, end)}\n) AS buckets"
+    attempt = _attempt_filter(d, selection, params)
+    loss = ",\n  ".join(
+        f"{'MIN' if c == 'loss_floor' else 'MAX' if c in ('loss_peak', 'last_loss_at') else 'SUM'}"
+        f"({d.if_.format(attempt, c)}) AS {c}"
+        for c in _LOSS_COLUMNS
+    )
     sql = f"""SELECT
   run_cluster,
   run_id,
-  {part} AS {name},
+  execution_uid,
+  minute,
   loss_base,
   SUM(samples) AS samples,
-  {loss("SUM", "loss_samples")},
-  {loss("SUM", "loss_not_finite")},
-  {loss("SUM", "loss_finite")},
-  {loss("SUM", "loss_sum")},
-  {loss("SUM", "loss_sum_squares")},
-  {loss("MIN", "loss_floor")},
-  {loss("MAX", "loss_peak")},
-  {loss("MAX", "last_loss_at")},
+  MAX(sample_at) AS sample_at,
+  {loss},
   {d.newest.format("job", "job_at")} AS job,
   MAX(job_at) AS job_at
-FROM {source}{where}
-GROUP BY run_cluster, run_id, {name}, loss_base"""
+FROM {source}
+GROUP BY run_cluster, run_id, execution_uid, minute, loss_base"""
     return Query(sql, params)
+
+
+# The parts of a tick's read, each a UNION ALL branch over the minute buckets.
+HOUR_PART, CHECKS_PART, EVAL_PART, HISTORY_PART = "hour", "checks", "eval", "history"
+# The tick's read result: the part, the bucket's columns it fills (typed NULL elsewhere).
+TICK_READ_TYPES = {"part": "STRING", **MINUTE_TYPES}
+# The history part's blocks: ten minutes hold enough samples of a slow run for a mean,
+# and keep the slow-divergence read to a few rows a run-hour.
+HISTORY_BLOCK_MINUTES = 10
+# How many of the evaluation loss's newest minutes a tick needs: the newest and the one before.
+EVAL_MINUTES_KEPT = 2
+
+
+@dataclass(frozen=True)
+class TickWindows:
+    """The time ranges a tick reads, as whole minutes before `now`."""
+
+    now: datetime
+    # [now - hour, now): enrollment, the seed windows, level shift and instability.
+    hour: int
+    # [now - checks, now): the run-health checks on dense metrics.
+    checks: int
+    # [now - eval, now): the evaluation loss's lookback (0: the check is off).
+    eval: int
+    # [now - history, now - hour): slow divergence's older blocks (history <= hour: none).
+    history: int
+
+
+def tick_read_query(
+    dialect: Dialect,
+    selection: Selection,
+    windows: TickWindows,
+    *,
+    telemetry_table: str,
+    rollup_table: str = "",
+) -> Query:
+    """One tick's read of the minute buckets: four parts in one statement.
+
+    `hour`: per attempt, minute and loss base, every metric (enrollment, job, newest
+    attempt, the loss windows); `checks`: the dense check metrics' minutes; `eval`: the
+    two newest minutes with a finite evaluation loss per attempt; `history`: the loss
+    in ten-minute blocks before the hour. Each part filters the bucket's role and
+    minute first, the rollup view's clustering order, so a read prunes to what it uses.
+    From the view when one is named (then `now` must be a whole minute), else from
+    raw telemetry bucketed back from `now`, which makes any `now` exact.
+    """
+    d = dialect
+    p = d.param.format
+    now = windows.now
+    params: dict[str, object] = {"now": now, "hour_start": now - timedelta(minutes=windows.hour)}
+    oldest = max(windows.hour, windows.checks, windows.eval, windows.history)
+    if rollup_table:
+        source = quote_table(d, rollup_table)
+        runs = f"\n    AND {watched_runs(d, selection, params)}"
+    else:
+        dense = max(windows.hour, windows.checks, windows.history)
+        inner = minute_buckets(
+            d,
+            telemetry_table,
+            selection,
+            params,
+            now - timedelta(minutes=oldest),
+            now,
+            aligned_to="now",
+            dense_start=now - timedelta(minutes=dense) if windows.eval > dense else None,
+        )
+        source = f"(\n{inner}\n) AS buckets"
+        runs = ""
+    attempt = _attempt_filter(d, selection, params)
+
+    def typed_null(kind: str) -> str:
+        return f"CAST(NULL AS {d.types.get(kind, kind)})"
+
+    def branch(part: str, where: str, group: str, chosen: dict[str, str], order_limit: str = "") -> str:
+        listed = [f"'{part}' AS part"]
+        for name, kind in MINUTE_TYPES.items():
+            listed.append(f"{chosen[name]} AS {name}" if name in chosen else f"{typed_null(kind)} AS {name}")
+        body = f"SELECT\n    {', '.join(listed)}\n  FROM {source}\n  WHERE {where}{runs}"
+        return body + (f"\n  GROUP BY {group}" if group else "")
+
+    def loss(column: str) -> str:
+        fn = {"loss_floor": "MIN", "loss_peak": "MAX", "last_loss_at": "MAX"}.get(column, "SUM")
+        return f"{fn}({d.if_.format(attempt, column)})"
+
+    keys = {k: k for k in ("run_cluster", "run_id", "execution_uid", "minute")}
+    hour = branch(
+        HOUR_PART,
+        f"metric IN ('{LOSS_ROLE}', '{EVAL_ROLE}', '{OTHER_ROLE}') AND minute >= {p('hour_start')}"
+        f" AND minute < {p('now')}",
+        "run_cluster, run_id, execution_uid, minute, loss_base",
+        {
+            **keys,
+            "loss_base": "loss_base",
+            "samples": "SUM(samples)",
+            "sample_at": "MAX(sample_at)",
+            **{c: loss(c) for c in _LOSS_COLUMNS},
+            "job": d.newest.format("job", "job_at"),
+            "job_at": "MAX(job_at)",
+        },
+    )
+    parts = [hour]
+    dense_keys = [k for k in CHECK_METRICS if k != "eval"]
+    if windows.checks:
+        params["checks_start"] = now - timedelta(minutes=windows.checks)
+        chosen = {**keys}
+        for key in dense_keys:
+            for part in CHECK_PARTS:
+                column = f"{key}_{part}"
+                if part in ("finite", "sum"):
+                    chosen[column] = f"SUM({column})"
+                elif part.endswith("_at"):
+                    chosen[column] = f"MAX({column})"
+                else:
+                    chosen[column] = d.newest.format(column, f"{column}_at")
+        parts.append(
+            branch(
+                CHECKS_PART,
+                f"metric = '{OTHER_ROLE}' AND minute >= {p('checks_start')} AND minute < {p('now')}",
+                "run_cluster, run_id, execution_uid, minute",
+                chosen,
+            )
+        )
+    if windows.eval:
+        params["eval_start"] = now - timedelta(minutes=windows.eval)
+        ranked = d.row_number.format("run_cluster, run_id, execution_uid", "minute DESC")
+        newest = d.newest.format("eval_last_finite", "eval_last_finite_at")
+        inner = (
+            f"SELECT run_cluster, run_id, execution_uid, minute, {newest} AS eval_last_finite,"
+            f" MAX(eval_last_finite_at) AS eval_last_finite_at\n"
+            f"  FROM {source}\n"
+            f"  WHERE metric = '{EVAL_ROLE}' AND minute >= {p('eval_start')} AND minute < {p('now')}"
+            f" AND eval_last_finite_at IS NOT NULL{runs}\n"
+            f"  GROUP BY run_cluster, run_id, execution_uid, minute"
+        )
+        ranked_sql = f"SELECT *, {ranked} AS eval_rank FROM (\n  {inner}\n  ) AS eval_minutes"
+        listed = ["'eval' AS part"]
+        for name, kind in MINUTE_TYPES.items():
+            present = name in keys or name.startswith("eval_last_finite")
+            listed.append(f"{name}" if present else f"{typed_null(kind)} AS {name}")
+        parts.append(
+            f"SELECT\n    {', '.join(listed)}\n  FROM (\n  {ranked_sql}\n  ) AS eval_ranked"
+            f"\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT}"
+        )
+    if windows.history > windows.hour:
+        params["history_start"] = now - timedelta(minutes=windows.history)
+        block = d.div.format(f"{d.minutes_before.format('minute', p('hour_start'))} - 1", HISTORY_BLOCK_MINUTES)
+        parts.append(
+            branch(
+                HISTORY_PART,
+                f"metric = '{LOSS_ROLE}' AND minute >= {p('history_start')} AND minute < {p('hour_start')}",
+                f"run_cluster, run_id, execution_uid, {block}",
+                {
+                    "run_cluster": "run_cluster",
+                    "run_id": "run_id",
+                    "execution_uid": "execution_uid",
+                    "minute": "MIN(minute)",
+                    "loss_finite": loss("loss_finite"),
+                    # The block's sum of losses: a mean needs no precision a variance would.
+                    "loss_sum": f"SUM({d.if_.format(attempt, 'loss_base * loss_finite + loss_sum')})",
+                },
+            )
+        )
+    return Query("\nUNION ALL\n".join(parts), params)
 
 
 def refresh_statement(rollup_table: str) -> str:
@@ -466,6 +704,7 @@ _TEMPLATE_VALUES = {
     "lossspike_template_service": "${service}",
     "lossspike_template_metric": "${metric}",
     "lossspike_template_pattern": "${run_pattern}",
+    **{f"lossspike_template_{key}_metric": f"${{{key}_metric}}" for key in CHECK_METRICS},
     "2001-02-03 04:05:06": "${since}",
 }
 
@@ -487,6 +726,7 @@ def rollup_view_template() -> str:
             service="lossspike_template_service",
             metric="lossspike_template_metric",
             run_pattern="lossspike_template_pattern",
+            **{f"{key}_metric": f"lossspike_template_{key}_metric" for key in CHECK_METRICS},
         ),
         datetime(2001, 2, 3, 4, 5, 6, tzinfo=UTC),
     )
@@ -495,25 +735,6 @@ def rollup_view_template() -> str:
     return text + "\n"
 
 
-# The GoogleSQL types of the rollup read's columns (bucket_groups_query with recent_start),
-# so that other rows can share its result (`with_rows_of`).
-TICK_GROUP_TYPES = {
-    "run_cluster": "STRING",
-    "run_id": "STRING",
-    "recent": "BOOL",
-    "loss_base": "FLOAT64",
-    "samples": "INT64",
-    "loss_samples": "INT64",
-    "loss_not_finite": "INT64",
-    "loss_finite": "INT64",
-    "loss_sum": "FLOAT64",
-    "loss_sum_squares": "FLOAT64",
-    "loss_floor": "FLOAT64",
-    "loss_peak": "FLOAT64",
-    "last_loss_at": "TIMESTAMP",
-    "job": "STRING",
-    "job_at": "TIMESTAMP",
-}
 # Marks the rows of the second table in a `with_rows_of` result.
 OTHER_ROWS = "other_rows"
 

@@ -15,9 +15,8 @@ import pyarrow as pa
 
 from lossspike.deadline import Deadline
 from lossspike.overrides import OverrideRow
-from lossspike.rule import EnrolledRun
 from lossspike.settings import Settings
-from lossspike.sql import Dialect, Query
+from lossspike.sql import Dialect, Query, TickWindows
 
 
 class StoreError(RuntimeError):
@@ -26,9 +25,9 @@ class StoreError(RuntimeError):
 
 @dataclass(frozen=True)
 class TickRead:
-    """What a tick reads in one job: the watched runs with their windows, and the override rows."""
+    """What a tick reads in one job: its minute buckets (sql.tick_read_query) and the override rows."""
 
-    runs: list[EnrolledRun]
+    buckets: pa.Table
     overrides: list[OverrideRow] = field(default_factory=list)
 
 
@@ -41,8 +40,8 @@ class Store(Protocol):
         """Run one read-only query; its result as an Arrow table."""
         ...
 
-    def read_tick(self, settings: Settings, now: datetime, deadline: Deadline | None = None) -> TickRead:
-        """The watched runs at `now` with their windows and the override rows in force, in one job."""
+    def read_tick(self, settings: Settings, windows: TickWindows, deadline: Deadline | None = None) -> TickRead:
+        """The tick's minute buckets over `windows` and the override rows, in one job."""
         ...
 
     def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:

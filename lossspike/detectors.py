@@ -1,0 +1,213 @@
+"""The detectors beyond the seed rule, on the minute layer (README, "The detectors").
+
+Each reads per-minute loss statistics of a run's judged attempt: arrays whose last
+axis is the minutes before `now`, oldest first (index -1 is the minute just before
+`now`), with any leading shape, so the tick calls them once for all its runs and the
+backtest once for all its runs and ticks. Minutes without a finite loss are NaN and
+are skipped, so eval pauses and slow steps never count as levels.
+
+- level_shift: the recent window's every minute sits above the local level (the
+  median minute mean of the ten minutes before the window) by more than
+  max(shift_min_rise, shift_sigma x the robust minute-to-minute spread). A median
+  ignores one outlier minute, minute-to-minute differences ignore a trend, and the
+  newest attempt alone means a restart's rewind is never compared with the attempt
+  before it.
+- slow_divergence: the median minute mean of the last ten minutes sits more than
+  divergence_min_rise above the best (lowest) ten-minute block mean of the horizon.
+- instability: excursions, minutes whose peak clears the median of the ten minutes
+  before them by max(instability_min_rise, instability_sigma x their spread), counted
+  as separate episodes in the window; instability_count of them make a spike train.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from lossspike.minutes import Partial
+from lossspike.rule import INSTABILITY, LEVEL_SHIFT, MIN_DETECTOR_BASELINE_MINUTES, SLOW_DIVERGENCE
+
+# The local level is the median of this many minutes: long enough that one outlier minute
+# is outvoted, short enough to follow a falling loss within minutes.
+LEVEL_MINUTES = 10
+# A level needs at least this many minutes with data in the recent window: one minute is a
+# transient, not a level.
+MIN_RECENT_MINUTES = 2
+# A run that steps slower than the recent window allows is judged on a window widened to
+# hold this many losses: three steps at 105 s are about five minutes.
+SLOW_RECENT_SAMPLES = 3
+# An excursion is judged against the minutes before it (skip-step's "recent past").
+REFERENCE_MINUTES = 10
+# ...and only where at least this many of them have data.
+MIN_REFERENCE_MINUTES = 5
+# Slow divergence compares ten-minute blocks: a run at 105 s a step has five or six losses
+# in one, enough for a mean; a block with fewer is not a level.
+BLOCK_MINUTES = 10
+MIN_BLOCK_SAMPLES = 3
+# The horizon must hold this many blocks before a rise over its best counts.
+MIN_BLOCKS = 3
+# A normal distribution's MAD is 0.6745 sigma.
+_MAD_TO_SIGMA = 1.4826
+
+
+class Finding(NamedTuple):
+    """Per batch element: whether the detector fired, what it observed, the limit it had to clear."""
+
+    fired: np.ndarray
+    observed: np.ndarray
+    limit: np.ndarray
+
+
+def _quiet(function: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+    # All-NaN slices are the normal case for a run without data there: NaN is the answer.
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return function(*args, **kwargs)
+
+
+def minute_means(grid: Partial) -> np.ndarray:
+    """Each minute's mean finite loss, NaN where the minute has none."""
+    return np.where(grid.n > 0, grid.mean, np.nan)
+
+
+def _previous(mask: np.ndarray) -> np.ndarray:
+    """Per position, the index of the previous masked position (-1 where there is none)."""
+    idx = np.arange(mask.shape[-1])
+    last = np.maximum.accumulate(np.where(mask, idx, -1), axis=-1)
+    return np.concatenate([np.full((*mask.shape[:-1], 1), -1), last[..., :-1]], axis=-1)
+
+
+def spread(means: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The robust minute-to-minute spread of the masked minute means: a trend cancels in a
+    difference and one outlier moves only two of them, so neither inflates it."""
+    before = _previous(mask)
+    earlier = np.take_along_axis(means, np.maximum(before, 0), axis=-1)
+    steps = np.where(mask & (before >= 0), np.abs(means - earlier), np.nan)
+    return _MAD_TO_SIGMA * _quiet(np.nanmedian, steps, axis=-1) / np.sqrt(2.0)
+
+
+def recent_width(samples: np.ndarray, recent: int, widest: int) -> np.ndarray:
+    """The recent window a slow-stepping run is judged on: the fewest whole minutes from
+    `recent` to `widest` holding SLOW_RECENT_SAMPLES losses (`widest` if none does)."""
+    width = samples.shape[-1]
+    widest = max(recent, min(widest, width - MIN_DETECTOR_BASELINE_MINUTES))
+    held = np.cumsum(samples[..., ::-1], axis=-1)
+    options = np.arange(1, width + 1)
+    enough = (held >= SLOW_RECENT_SAMPLES) & (options >= recent) & (options <= widest)
+    return np.where(enough.any(axis=-1), np.argmax(enough, axis=-1) + 1, widest)
+
+
+def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> Finding:
+    """The recent minutes' lowest mean against the local level (see the module's doc)."""
+    minutes = grid.n.shape[-1]
+    means = minute_means(grid)
+    data = grid.n > 0
+    idx = np.arange(minutes)
+    recent = idx >= (minutes - width)[..., None]
+    base = data & ~recent
+    near = base & (idx >= (minutes - width - LEVEL_MINUTES)[..., None])
+    level = _quiet(np.nanmedian, np.where(near, means, np.nan), axis=-1)
+    limit = level + np.maximum(min_rise, sigma * np.nan_to_num(spread(means, base)))
+    observed = _quiet(np.nanmin, np.where(recent & data, means, np.nan), axis=-1)
+    enough = (base.sum(axis=-1) >= MIN_DETECTOR_BASELINE_MINUTES) & ((recent & data).sum(axis=-1) >= MIN_RECENT_MINUTES)
+    return Finding(enough & np.isfinite(level) & (observed > limit), observed, limit)
+
+
+def block_sums(grid: Partial, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Finite-loss counts and sums of ten-minute blocks of the minutes before index `stop`,
+    counted back from it (the oldest block may be shorter); oldest first."""
+    totals = np.where(grid.n > 0, grid.n * grid.mean, 0.0)
+    counts, sums = [], []
+    for end in range(stop, 0, -BLOCK_MINUTES):
+        start = max(end - BLOCK_MINUTES, 0)
+        counts.append(grid.n[..., start:end].sum(axis=-1))
+        sums.append(totals[..., start:end].sum(axis=-1))
+    if not counts:
+        shape = (*grid.n.shape[:-1], 0)
+        return np.zeros(shape), np.zeros(shape)
+    return np.stack(counts[::-1], axis=-1), np.stack(sums[::-1], axis=-1)
+
+
+def slow_divergence(grid: Partial, history_n: np.ndarray, history_sum: np.ndarray, min_rise: Any) -> Finding:
+    """The last ten minutes' median mean against the horizon's best block (see the module's doc).
+
+    `history_n` and `history_sum` are the blocks older than the grid, oldest first.
+    """
+    minutes = grid.n.shape[-1]
+    means = minute_means(grid)
+    tail = means[..., minutes - LEVEL_MINUTES :]
+    current = _quiet(np.nanmedian, tail, axis=-1)
+    hour_n, hour_sum = block_sums(grid, minutes - LEVEL_MINUTES)
+    counts = np.concatenate([history_n, hour_n], axis=-1)
+    sums = np.concatenate([history_sum, hour_sum], axis=-1)
+    blocks = _quiet(np.divide, sums, counts)
+    blocks = np.where(counts >= MIN_BLOCK_SAMPLES, blocks, np.nan)
+    best = _quiet(np.nanmin, blocks, axis=-1)
+    limit = best + min_rise
+    enough = (np.isfinite(blocks).sum(axis=-1) >= MIN_BLOCKS) & (np.isfinite(tail).sum(axis=-1) >= MIN_RECENT_MINUTES)
+    return Finding(enough & np.isfinite(current) & (current > limit), current, limit)
+
+
+def excursions(grid: Partial, sigma: Any, min_rise: Any) -> np.ndarray:
+    """Per minute, whether its peak is an excursion over the ten minutes before it (causal:
+    a minute's verdict never depends on later minutes, so every tick sees the same)."""
+    minutes = grid.n.shape[-1]
+    out = np.zeros(grid.n.shape, dtype=bool)
+    if minutes <= REFERENCE_MINUTES:
+        return out
+    means = minute_means(grid)
+    deviations = _quiet(lambda: np.sqrt(np.maximum(grid.m2, 0.0) / (grid.n - 1)))
+    deviations = np.where(grid.n >= 2, deviations, np.nan)
+    before = np.lib.stride_tricks.sliding_window_view(means, REFERENCE_MINUTES, axis=-1)[..., :-1, :]
+    spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., :-1, :]
+    level = _quiet(np.nanmedian, before, axis=-1)
+    within = _quiet(np.nanmedian, spreads, axis=-1)
+    # A run with one loss a minute has no spread within a minute: the spread between minutes.
+    between = _MAD_TO_SIGMA * _quiet(np.nanmedian, np.abs(before - level[..., None]), axis=-1)
+    scale = np.nan_to_num(np.where(np.isfinite(within), within, between))
+    enough = np.isfinite(before).sum(axis=-1) >= MIN_REFERENCE_MINUTES
+    peaks = grid.peak[..., REFERENCE_MINUTES:]
+    clears = peaks > level + np.maximum(np.asarray(min_rise)[..., None], np.asarray(sigma)[..., None] * scale)
+    out[..., REFERENCE_MINUTES:] = enough & (grid.n[..., REFERENCE_MINUTES:] > 0) & clears
+    return out
+
+
+def episode_starts(marked: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Marked minutes whose previous minute with data was not marked: one per episode."""
+    before = _previous(data)
+    earlier = np.take_along_axis(marked, np.maximum(before, 0), axis=-1) & (before >= 0)
+    return marked & ~earlier
+
+
+def instability(grid: Partial, sigma: Any, min_rise: Any, count: Any) -> Finding:
+    """Separate excursion episodes in the window's minutes after the first reference span."""
+    starts = episode_starts(excursions(grid, sigma, min_rise), grid.n > 0)
+    seen = starts[..., REFERENCE_MINUTES:].sum(axis=-1).astype(float)
+    limit = np.broadcast_to(np.asarray(count, dtype=float), seen.shape)
+    return Finding(seen >= limit, seen, limit)
+
+
+def detect(
+    grid: Partial,
+    width: np.ndarray,
+    history_n: np.ndarray,
+    history_sum: np.ndarray,
+    limits: dict[str, Any],
+    enabled: tuple[str, ...],
+) -> dict[str, Finding]:
+    """Every enabled detector's finding, by reason, in the rule's order.
+
+    `limits` maps threshold names (Thresholds' fields) to scalars or per-element arrays.
+    """
+    found: dict[str, Finding] = {}
+    if LEVEL_SHIFT in enabled:
+        found[LEVEL_SHIFT] = level_shift(grid, width, limits["shift_min_rise"], limits["shift_sigma"])
+    if SLOW_DIVERGENCE in enabled:
+        found[SLOW_DIVERGENCE] = slow_divergence(grid, history_n, history_sum, limits["divergence_min_rise"])
+    if INSTABILITY in enabled:
+        found[INSTABILITY] = instability(
+            grid, limits["instability_sigma"], limits["instability_min_rise"], limits["instability_count"]
+        )
+    return found
