@@ -22,13 +22,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike import minutes
+from lossspike import detectors, minutes
 from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow, matches, resolve
 from lossspike.rule import (
+    DETECTORS,
+    HEALTHY,
+    INSTABILITY,
+    LEVEL_SHIFT,
     PAGING_REASONS,
     REASONS,
+    SLOW_DIVERGENCE,
     SPIKING,
+    WARMING_UP,
     WINDOW_FIELDS,
     EnrolledRun,
     LossWindows,
@@ -36,10 +42,11 @@ from lossspike.rule import (
     Thresholds,
     alert_rows,
     band,
+    is_stalled,
     loss_spike_reason,
 )
 from lossspike.settings import Settings
-from lossspike.sql import bucket_groups_query
+from lossspike.sql import HISTORY_BLOCK_MINUTES, bucket_groups_query
 from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
@@ -246,7 +253,9 @@ def backtest(
         raise ValueError("ticks must be increasing and evenly spaced")
     every = int(steps[0]) if len(steps) else 1
     variants = list(variants) or [settings.thresholds]
-    lookback = max(t.baseline_minutes for t in variants)
+    lookback = max(
+        max(t.baseline_minutes, t.divergence_minutes if SLOW_DIVERGENCE in settings.detectors else 0) for t in variants
+    )
     query = bucket_groups_query(
         store.dialect,
         settings.selection,
@@ -258,7 +267,12 @@ def backtest(
     # The overrides in force at each tick, as they were then (by created_at and silenced_until).
     rows = store.read_overrides(ticks[-1]) if overrides else []
     return [
-        Backtest(list(ticks), every, thresholds, _histories(buckets, ticks, lookback, thresholds, detail, rows))
+        Backtest(
+            list(ticks),
+            every,
+            thresholds,
+            _histories(buckets, ticks, lookback, thresholds, detail, rows, settings.detectors, settings.attempts),
+        )
         for thresholds in variants
     ]
 
@@ -270,12 +284,19 @@ def _histories(
     t: Thresholds,
     detail: bool,
     overrides: list[OverrideRow],
+    enabled: tuple[str, ...] = (),
+    attempts: str = "all",
 ) -> list[RunHistory]:
-    """Merge the minute buckets into every run's windows at every tick and judge them."""
+    """Merge the minute buckets into every run's windows at every tick and judge them.
+
+    Grids are per attempt (one per run with attempts='all'): at each tick a run is judged
+    on the attempt of its newest sample of the hour, as the tick's read chooses it.
+    """
     if buckets.num_rows == 0:
         return []
     tick_minutes = np.array([_minute_index(tick) for tick in ticks], dtype=np.int64)
     keys, row_run = minutes.run_keys(buckets)
+    codes = minutes.attempt_codes(buckets) if attempts == "newest" else np.zeros(buckets.num_rows, dtype=np.int64)
     origin = int(tick_minutes[0]) - lookback
     row_slot = minutes.minute_indexes(buckets) - origin
     width = int(tick_minutes[-1]) - origin
@@ -289,35 +310,226 @@ def _histories(
     jobs = [job or "" for job in buckets.column("job").to_pylist()] if detail else []
     job_times = minutes.micros(buckets, "job_at")
     loss_times = minutes.micros(buckets, "last_loss_at")
+    sample_times = minutes.micros(buckets, "sample_at")
+    pairs, row_group = np.unique(np.stack([row_run, codes]), axis=1, return_inverse=True)
+    row_group = row_group.reshape(-1)
+    group_run, group_code = pairs[0], pairs[1]
 
     histories: list[RunHistory] = []
     per_chunk = max(1, _CHUNK_CELLS // max(width, 1))
     for first in range(0, len(keys), per_chunk):
         chunk = range(first, min(first + per_chunk, len(keys)))
         rows = np.flatnonzero((row_run >= chunk.start) & (row_run < chunk.stop))
-        cells = (row_run[rows] - chunk.start) * width + row_slot[rows]
-        size = len(chunk) * width
-        shape = (len(chunk), width)
+        runs = _run_grids(
+            row_run[rows] - chunk.start, row_slot[rows], rows, len(chunk), width, counts, job_times, loss_times
+        )
+        mine = np.flatnonzero((group_run >= chunk.start) & (group_run < chunk.stop))
+        local = np.full(len(group_run), -1, dtype=np.int64)
+        local[mine] = np.arange(len(mine))
+        cells = local[row_group[rows]] * width + row_slot[rows]
+        size = len(mine) * width
+        shape = (len(mine), width)
         merged = minutes.reduce_by_key(cells, Partial(*(f[rows] for f in partials)), size)
-        grids: dict[str, np.ndarray] = {name: value.reshape(shape) for name, value in merged._asdict().items()}
-        for name, values in counts.items():
-            grids[name] = np.bincount(cells, values[rows], size).astype(np.int64).reshape(shape)
-        # Per slot, the newest bucket with a job (and the newest loss time); times grow
-        # with the slot, so a window's newest is in its last slot that has one.
-        job_row = np.full(size, -1, dtype=np.int64)
-        newest = minutes.newest(cells, job_times[rows], size)
-        job_row[newest >= 0] = rows[newest[newest >= 0]]
-        job_row = job_row.reshape(shape)
-        job_slot = np.where(job_row >= 0, np.arange(width), -1)
-        np.maximum.accumulate(job_slot, axis=1, out=job_slot)
-        loss_at = np.full(size, minutes.NO_TIME, dtype=np.int64)
-        np.maximum.at(loss_at, cells, loss_times[rows])
-        loss_at = np.maximum.accumulate(loss_at.reshape(shape), axis=1)
-        windows = _windows(grids, job_row, job_slot, loss_at, ends, t)
+        grid = Partial(*(value.reshape(shape) for value in merged))
+        loss = np.bincount(cells, counts["loss"][rows], size).astype(np.int64).reshape(shape)
+        not_finite = np.bincount(cells, counts["not_finite"][rows], size).astype(np.int64).reshape(shape)
+        sampled = np.full(size, minutes.NO_TIME, dtype=np.int64)
+        np.maximum.at(sampled, cells, sample_times[rows])
+        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)
+        seed = _seed_windows(grid, loss, not_finite, ends, t)
+        run_windows = _run_windows(runs, ends, t)
+        chosen = _chosen_groups(
+            group_run[mine] - chunk.start, group_code[mine], sampled, ends, tick_minutes, t, len(chunk)
+        )
+        policies = [_policies(overrides, keys[index], ticks, t) for index in chunk]
+        found = _detections(grid, loss, ends, t, enabled, policies, group_run[mine] - chunk.start, len(ticks))
         for offset, index in enumerate(chunk):
-            policy_at = _policies(overrides, keys[index], ticks, t)
-            histories.append(_judge(keys[index], windows, offset, jobs, ticks, policy_at, detail))
+            histories.append(
+                _judge(
+                    keys[index], seed, run_windows, chosen[offset], found, offset, jobs, ticks, policies[offset], detail
+                )
+            )
     return histories
+
+
+def _run_grids(
+    run: np.ndarray,
+    slot: np.ndarray,
+    rows: np.ndarray,
+    size: int,
+    width: int,
+    counts: dict[str, np.ndarray],
+    job_times: np.ndarray,
+    loss_times: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """What a run's every attempt shares: its samples (enrollment), newest job and newest loss."""
+    cells = run * width + slot
+    shape = (size, width)
+    grids = {
+        "rows": np.bincount(cells, counts["rows"][rows], size * width).astype(np.int64).reshape(shape),
+        "loss": np.bincount(cells, counts["loss"][rows], size * width).astype(np.int64).reshape(shape),
+    }
+    # Per slot, the newest bucket with a job (and the newest loss time); times grow
+    # with the slot, so a window's newest is in its last slot that has one.
+    job_row = np.full(size * width, -1, dtype=np.int64)
+    newest = minutes.newest(cells, job_times[rows], size * width)
+    job_row[newest >= 0] = rows[newest[newest >= 0]]
+    job_row = job_row.reshape(shape)
+    job_slot = np.where(job_row >= 0, np.arange(width), -1)
+    np.maximum.accumulate(job_slot, axis=1, out=job_slot)
+    loss_at = np.full(size * width, minutes.NO_TIME, dtype=np.int64)
+    np.maximum.at(loss_at, cells, loss_times[rows])
+    grids["job_row"] = job_row
+    grids["job_slot"] = job_slot
+    grids["loss_at"] = np.maximum.accumulate(loss_at.reshape(shape), axis=1)
+    return grids
+
+
+def _run_windows(grids: dict[str, np.ndarray], ends: np.ndarray, t: Thresholds) -> dict[str, np.ndarray]:
+    """Per run and tick: enrolled, its newest job's row, its newest loss (any attempt)."""
+    base_start = ends - t.baseline_minutes
+    newest = grids["job_slot"][:, ends - 1]
+    job_row = np.take_along_axis(grids["job_row"], np.maximum(newest, 0), axis=1)
+    return {
+        "enrolled": _window_sum(grids["rows"], base_start, ends) > 0,
+        "job_row": np.where(newest >= base_start, job_row, -1),
+        "last_loss_us": grids["loss_at"][:, ends - 1],
+        "loss_in_window": _window_sum(grids["loss"], base_start, ends) > 0,
+    }
+
+
+def _chosen_groups(
+    run: np.ndarray,
+    code: np.ndarray,
+    sampled: np.ndarray,
+    ends: np.ndarray,
+    tick_minutes: np.ndarray,
+    t: Thresholds,
+    size: int,
+) -> np.ndarray:
+    """Per run and tick, the grid row (attempt) the windows read: its newest sample of the hour
+    is the run's newest, ties to the larger attempt (groups come sorted by run, then attempt)."""
+    start_us = (tick_minutes - t.baseline_minutes) * minutes.MICROS_PER_MINUTE
+    times = sampled[:, ends - 1]
+    times = np.where(times >= start_us, times, minutes.NO_TIME)
+    best = np.full((size, len(ends)), minutes.NO_TIME, dtype=np.int64)
+    chosen = np.full((size, len(ends)), -1, dtype=np.int64)
+    for group in range(len(run)):
+        better = (times[group] >= best[run[group]]) & (times[group] != minutes.NO_TIME)
+        best[run[group]] = np.where(better, times[group], best[run[group]])
+        chosen[run[group]] = np.where(better, group, chosen[run[group]])
+    return chosen
+
+
+def _seed_windows(
+    grid: Partial, loss: np.ndarray, not_finite: np.ndarray, ends: np.ndarray, t: Thresholds
+) -> dict[str, np.ndarray]:
+    """Every statistic of LossWindows but the newest loss, per attempt row and tick."""
+    base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes
+    grids = grid._asdict()
+    base = _sliding(grids, base_start, t.baseline_minutes - t.recent_minutes)
+    recent = _sliding(grids, recent_start, t.recent_minutes)
+    return {
+        "baseline_samples": base.n.astype(np.int64),
+        "baseline_mean": base.mean,
+        "baseline_stddev": minutes.stddev(base),
+        "baseline_floor": base.floor,
+        "recent_samples": _window_sum(loss, recent_start, ends),
+        "recent_not_finite": _window_sum(not_finite, recent_start, ends),
+        "recent_finite": recent.n.astype(np.int64),
+        "recent_mean": recent.mean,
+        "recent_floor": recent.floor,
+        "recent_peak": recent.peak,
+        "hour_samples": loss,
+    }
+
+
+# Ticks judged by the detectors at once: bounds the (attempts x ticks x minutes) arrays.
+_DETECTOR_CELLS = 2_000_000
+
+
+def _detections(
+    grid: Partial,
+    loss: np.ndarray,
+    ends: np.ndarray,
+    t: Thresholds,
+    enabled: tuple[str, ...],
+    policies: list[Callable[[int], RunPolicy]],
+    group_run: np.ndarray,
+    ticks: int,
+) -> dict[str, Any]:
+    """Every detector's finding per attempt row and tick, with the thresholds in force then;
+    level_shift also on the widened window of a slow-stepping run."""
+    if not enabled:
+        return {}
+    hour = t.baseline_minutes
+    limits = {name: np.empty((len(group_run), ticks)) for name in detectors.LIMITS}
+    for run in np.unique(group_run):
+        at = policies[int(run)]
+        values = {name: np.array([getattr(at(k).thresholds, name) for k in range(ticks)]) for name in detectors.LIMITS}
+        for name in detectors.LIMITS:
+            limits[name][group_run == run] = values[name]
+    found: dict[str, Any] = {}
+    starts = ends - hour
+    if INSTABILITY in enabled:
+        # Excursions are causal, so one pass over the grid serves every tick with the same thresholds.
+        seen = np.zeros((len(group_run), ticks))
+        data = grid.n > 0
+        for g in range(len(group_run)):
+            one = Partial(*(f[g : g + 1] for f in grid))
+            sigma, rise = limits["instability_sigma"][g], limits["instability_min_rise"][g]
+            for value in sorted({(float(a), float(b)) for a, b in zip(sigma, rise, strict=True)}):
+                at = (sigma == value[0]) & (rise == value[1])
+                first = detectors.episode_starts(detectors.excursions(one, *value), data[g : g + 1])
+                counted = _window_sum(
+                    first.astype(np.int64), np.minimum(starts + detectors.REFERENCE_MINUTES, ends), ends
+                )[0]
+                seen[g, at] = counted[at]
+        count = limits["instability_count"]
+        found[INSTABILITY] = detectors.Finding(seen >= count, seen, count)
+    step = max(1, _DETECTOR_CELLS // max(len(group_run) * hour, 1))
+    pieces: dict[str, list[detectors.Finding]] = {LEVEL_SHIFT: [], "wide": [], SLOW_DIVERGENCE: []}
+    for lo in range(0, ticks, step):
+        part = slice(lo, min(lo + step, ticks))
+        window = np.lib.stride_tricks.sliding_window_view
+        index = starts[part]
+        sliced = Partial(*(window(f, hour, axis=1)[:, index] for f in grid))
+        samples = window(loss, hour, axis=1)[:, index]
+        if LEVEL_SHIFT in enabled:
+            rise, sigma = limits["shift_min_rise"][:, part], limits["shift_sigma"][:, part]
+            normal = np.full(samples.shape[:2], t.recent_minutes)
+            wide = np.maximum(normal, detectors.recent_width(samples, 1, t.max_recent_minutes))
+            pieces[LEVEL_SHIFT].append(detectors.level_shift(sliced, normal, rise, sigma))
+            pieces["wide"].append(detectors.level_shift(sliced, wide, rise, sigma))
+        if SLOW_DIVERGENCE in enabled:
+            history_n, history_sum = _history_blocks(grid, starts[part], t)
+            pieces[SLOW_DIVERGENCE].append(
+                detectors.slow_divergence(sliced, history_n, history_sum, limits["divergence_min_rise"][:, part])
+            )
+    for name, parts in pieces.items():
+        if parts:
+            found[name] = detectors.Finding(*(np.concatenate(f, axis=1) for f in zip(*parts, strict=True)))
+    return found
+
+
+def _history_blocks(grid: Partial, starts: np.ndarray, t: Thresholds) -> tuple[np.ndarray, np.ndarray]:
+    """Slow divergence's ten-minute blocks before each tick's hour, oldest first, as the tick's
+    read groups them: counted back from the hour's start, the oldest clipped at the horizon."""
+    totals = np.where(grid.n > 0, grid.n * grid.mean, 0.0)
+    count = np.zeros((grid.n.shape[0], grid.n.shape[1] + 1))
+    total = np.zeros_like(count)
+    np.cumsum(grid.n, axis=1, out=count[:, 1:])
+    np.cumsum(totals, axis=1, out=total[:, 1:])
+    span = max(t.divergence_minutes, t.baseline_minutes) - t.baseline_minutes
+    blocks = -(-span // HISTORY_BLOCK_MINUTES)
+    n = np.zeros((grid.n.shape[0], len(starts), blocks))
+    sums = np.zeros_like(n)
+    for k in range(blocks):
+        hi = starts - HISTORY_BLOCK_MINUTES * k
+        lo = np.maximum(hi - HISTORY_BLOCK_MINUTES, starts - span)
+        n[:, :, blocks - 1 - k] = count[:, hi] - count[:, lo]
+        sums[:, :, blocks - 1 - k] = total[:, hi] - total[:, lo]
+    return n, sums
 
 
 def _window_sum(grid: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -361,41 +573,6 @@ def _sliding(grids: dict[str, np.ndarray], starts: np.ndarray, size: int) -> Par
     return Partial(*(np.where(aligned, w, s) for w, s in zip(whole, split, strict=True)))
 
 
-def _windows(
-    grids: dict[str, np.ndarray],
-    job_row: np.ndarray,
-    job_slot: np.ndarray,
-    loss_at: np.ndarray,
-    ends: np.ndarray,
-    t: Thresholds,
-) -> dict[str, Any]:
-    """Every statistic of LossWindows, per run of the chunk and per tick."""
-    base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes
-    newest = job_slot[:, ends - 1]
-    newest_row = np.where(newest >= base_start, np.take_along_axis(job_row, np.maximum(newest, 0), axis=1), -1)
-    base = _sliding(grids, base_start, t.baseline_minutes - t.recent_minutes)
-    recent = _sliding(grids, recent_start, t.recent_minutes)
-    # The newest loss in [base_start, end): the running maximum at the window's last
-    # slot, unless it is older than the window.
-    last_loss = loss_at[:, ends - 1]
-    return {
-        "enrolled": _window_sum(grids["rows"], base_start, ends) > 0,
-        "job_row": newest_row,
-        "baseline_samples": base.n.astype(np.int64),
-        "baseline_mean": base.mean,
-        "baseline_stddev": minutes.stddev(base),
-        "baseline_floor": base.floor,
-        "recent_samples": _window_sum(grids["loss"], recent_start, ends),
-        "recent_not_finite": _window_sum(grids["not_finite"], recent_start, ends),
-        "recent_finite": recent.n.astype(np.int64),
-        "recent_mean": recent.mean,
-        "recent_floor": recent.floor,
-        "recent_peak": recent.peak,
-        "last_loss_us": last_loss,
-        "loss_in_window": _window_sum(grids["loss"], base_start, ends) > 0,
-    }
-
-
 # LossWindows' fields in a tuple: the rule reads attributes only, and a million frozen
 # dataclasses cost more than the rest of the backtest; rows_at gets real LossWindows.
 _WindowsView = namedtuple("_WindowsView", WINDOW_FIELDS)  # type: ignore[misc]
@@ -423,35 +600,45 @@ def _policies(
 
 def _judge(
     key: tuple[str, str],
-    w: dict[str, Any],
+    seed: dict[str, np.ndarray],
+    run_windows: dict[str, np.ndarray],
+    chosen: np.ndarray,
+    found: dict[str, Any],
     row: int,
     jobs: list[str],
     times: list[datetime],
     policy_at: Callable[[int], RunPolicy],
     detail: bool,
 ) -> RunHistory:
-    """Build each tick's windows and ask the rule with the overrides then in force; record reasons and margins."""
-    ticks = w["enrolled"].shape[1]
+    """Build each tick's windows from the chosen attempt and ask the rule with the overrides then
+    in force; a healthy (or slow-stepping warming-up) run then goes to the detectors, in order."""
+    ticks = len(times)
     codes = np.full(ticks, -1, dtype=np.int8)
     margins = np.full(ticks, np.nan)
     kept: list[LossWindows | None] | None = [None] * ticks if detail else None
     kept_jobs: list[str] | None = [""] * ticks if detail else None
     kept_policies: list[RunPolicy | None] | None = [None] * ticks if detail else None
     silenced = np.zeros(ticks, dtype=bool)
-    enrolled = np.flatnonzero(w["enrolled"][row])
-    b_n = w["baseline_samples"][row, enrolled]
-    r_finite = w["recent_finite"][row, enrolled] > 0
+    enrolled = np.flatnonzero(run_windows["enrolled"][row])
+    group = chosen[enrolled]
+    has = group >= 0
+    pick = np.maximum(group, 0)
+    b_n = np.where(has, seed["baseline_samples"][pick, enrolled], 0)
+    r_finite = has & (seed["recent_finite"][pick, enrolled] > 0)
 
     def column(name: str, present: np.ndarray) -> list[Any]:
-        values = w[name][row, enrolled].astype(object)
+        values = seed[name][pick, enrolled].astype(object)
         values[~present] = None
         return values.tolist()
 
+    def counts(name: str) -> list[int]:
+        return np.where(has, seed[name][pick, enrolled], 0).tolist()
+
     def loss_times() -> list[datetime | None]:
-        present = w["loss_in_window"][row, enrolled]
+        present = run_windows["loss_in_window"][row, enrolled]
         return [
-            minutes.instant(us) if has else None
-            for us, has in zip(w["last_loss_us"][row, enrolled].tolist(), present.tolist(), strict=True)
+            minutes.instant(us) if there else None
+            for us, there in zip(run_windows["last_loss_us"][row, enrolled].tolist(), present.tolist(), strict=True)
         ]
 
     makers = {
@@ -459,8 +646,8 @@ def _judge(
         "baseline_mean": lambda: column("baseline_mean", b_n > 0),
         "baseline_stddev": lambda: column("baseline_stddev", b_n > 1),
         "baseline_floor": lambda: column("baseline_floor", b_n > 0),
-        "recent_samples": lambda: w["recent_samples"][row, enrolled].tolist(),
-        "recent_not_finite": lambda: w["recent_not_finite"][row, enrolled].tolist(),
+        "recent_samples": lambda: counts("recent_samples"),
+        "recent_not_finite": lambda: counts("recent_not_finite"),
         "recent_mean": lambda: column("recent_mean", r_finite),
         "recent_floor": lambda: column("recent_floor", r_finite),
         "recent_peak": lambda: column("recent_peak", r_finite),
@@ -468,11 +655,27 @@ def _judge(
     }
     columns = [makers[name]() for name in WINDOW_FIELDS]
     new = tuple.__new__
-    for tick, values in zip(enrolled.tolist(), zip(*columns, strict=True), strict=True):
+    order = [name for name in DETECTORS if name in found]
+    for position, (tick, values) in enumerate(zip(enrolled.tolist(), zip(*columns, strict=True), strict=True)):
         windows = new(_WindowsView, values)
         policy = policy_at(tick)
         t = policy.thresholds
         reason, _ = loss_spike_reason(windows, t, times[tick])
+        g = int(group[position])
+        if order and g >= 0:
+            slow = (
+                reason == WARMING_UP
+                and windows.baseline_samples >= t.min_baseline_samples
+                and windows.recent_samples < t.min_recent_samples
+                and not is_stalled(windows.last_loss_at, times[tick], t)
+            )
+            if reason == HEALTHY or slow:
+                for name in order:
+                    finding = found["wide" if slow and name == LEVEL_SHIFT else name]
+                    if finding.fired[g, tick]:
+                        reason = name
+                        margins[tick] = finding.observed[g, tick] - finding.limit[g, tick]
+                        break
         codes[tick] = _CODES[reason]
         silenced[tick] = policy.silenced
         if reason == SPIKING:
@@ -480,6 +683,6 @@ def _judge(
         if kept is not None and kept_jobs is not None and kept_policies is not None:
             kept[tick] = LossWindows(*values)
             kept_policies[tick] = policy
-            job_row = int(w["job_row"][row, tick])
+            job_row = int(run_windows["job_row"][row, tick])
             kept_jobs[tick] = jobs[job_row] if job_row >= 0 else ""
     return RunHistory(key[0], key[1], codes, margins, silenced, kept, kept_jobs, kept_policies)

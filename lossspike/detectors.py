@@ -28,6 +28,7 @@ import numpy as np
 
 from lossspike.minutes import Partial
 from lossspike.rule import INSTABILITY, LEVEL_SHIFT, MIN_DETECTOR_BASELINE_MINUTES, SLOW_DIVERGENCE
+from lossspike.sql import HISTORY_BLOCK_MINUTES
 
 # The local level is the median of this many minutes: long enough that one outlier minute
 # is outvoted, short enough to follow a falling loss within minutes.
@@ -35,6 +36,9 @@ LEVEL_MINUTES = 10
 # A level needs at least this many minutes with data in the recent window: one minute is a
 # transient, not a level.
 MIN_RECENT_MINUTES = 2
+# Slow divergence's current level is a median: over three minutes or more it outvotes one
+# outlier minute, where a median of two would be their mean.
+MIN_LEVEL_MINUTES = 3
 # A run that steps slower than the recent window allows is judged on a window widened to
 # hold this many losses: three steps at 105 s are about five minutes.
 SLOW_RECENT_SAMPLES = 3
@@ -42,14 +46,25 @@ SLOW_RECENT_SAMPLES = 3
 REFERENCE_MINUTES = 10
 # ...and only where at least this many of them have data.
 MIN_REFERENCE_MINUTES = 5
-# Slow divergence compares ten-minute blocks: a run at 105 s a step has five or six losses
-# in one, enough for a mean; a block with fewer is not a level.
-BLOCK_MINUTES = 10
+# Slow divergence compares ten-minute blocks (the read's history blocks): a run at 105 s
+# a step has five or six losses in one, enough for a mean; a block with fewer is not a level.
+BLOCK_MINUTES = HISTORY_BLOCK_MINUTES
 MIN_BLOCK_SAMPLES = 3
 # The horizon must hold this many blocks before a rise over its best counts.
 MIN_BLOCKS = 3
 # A normal distribution's MAD is 0.6745 sigma.
 _MAD_TO_SIGMA = 1.4826
+
+
+# The Thresholds fields the detectors read, per run (override columns).
+LIMITS = (
+    "shift_min_rise",
+    "shift_sigma",
+    "divergence_min_rise",
+    "instability_sigma",
+    "instability_min_rise",
+    "instability_count",
+)
 
 
 class Finding(NamedTuple):
@@ -146,7 +161,7 @@ def slow_divergence(grid: Partial, history_n: np.ndarray, history_sum: np.ndarra
     blocks = np.where(counts >= MIN_BLOCK_SAMPLES, blocks, np.nan)
     best = _quiet(np.nanmin, blocks, axis=-1)
     limit = best + min_rise
-    enough = (np.isfinite(blocks).sum(axis=-1) >= MIN_BLOCKS) & (np.isfinite(tail).sum(axis=-1) >= MIN_RECENT_MINUTES)
+    enough = (np.isfinite(blocks).sum(axis=-1) >= MIN_BLOCKS) & (np.isfinite(tail).sum(axis=-1) >= MIN_LEVEL_MINUTES)
     return Finding(enough & np.isfinite(current) & (current > limit), current, limit)
 
 

@@ -25,7 +25,7 @@ from lossspike.checks import (
     run_checks,
 )
 from lossspike.deadline import Deadline
-from lossspike.detectors import detect, recent_width
+from lossspike.detectors import LIMITS, detect, recent_width
 from lossspike.minutes import TickRuns
 from lossspike.overrides import LOSS_SCOPE, OverrideRow, resolve
 from lossspike.rule import (
@@ -142,7 +142,7 @@ def judge_loss(
     widest = max(t.max_recent_minutes for t in thresholds)
     widened = recent_width(runs.samples, 1, widest)
     widths = np.where(slow, np.maximum(widths, widened), widths)
-    limits = {name: np.array([getattr(t, name) for t in thresholds], dtype=float) for name in _DETECTOR_LIMITS}
+    limits = {name: np.array([getattr(t, name) for t in thresholds], dtype=float) for name in LIMITS}
     found = detect(runs.grid, widths, runs.history_n, runs.history_sum, limits, detectors)
     for i, (windows, reason, _) in enumerate(out):
         if reason == HEALTHY or (reason == WARMING_UP and slow[i]):
@@ -151,16 +151,6 @@ def judge_loss(
                     out[i] = (windows, name, (float(finding.observed[i]), float(finding.limit[i])))
                     break
     return out
-
-
-_DETECTOR_LIMITS = (
-    "shift_min_rise",
-    "shift_sigma",
-    "divergence_min_rise",
-    "instability_sigma",
-    "instability_min_rise",
-    "instability_count",
-)
 
 
 def _check_data(runs: TickRuns, i: int, names: dict[str, str]) -> CheckData:

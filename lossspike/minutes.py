@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from lossspike.sql import HISTORY_BLOCK_MINUTES
+
 # A timestamp column's NULL, as microseconds: older than any sample.
 NO_TIME = np.iinfo(np.int64).min
 MICROS_PER_MINUTE = 60_000_000
@@ -246,6 +248,7 @@ def tick_runs(
     history: int,
     attempts: str,
     eval_fresh: int,
+    block_minutes: int = HISTORY_BLOCK_MINUTES,
 ) -> TickRuns:
     """Assemble a tick's read (sql.tick_read_query) into per-run arrays.
 
@@ -282,14 +285,14 @@ def tick_runs(
         found = [index.get(pair, -1) for pair in pairs]
         return rows, np.array(found, dtype=np.int64), codes[mask]
 
-    blocks = max(0, -(-(history - hour) // 10))
+    blocks = max(0, -(-(history - hour) // block_minutes))
     history_n = np.zeros((size, blocks))
     history_sum = np.zeros((size, blocks))
     rows, owner, attempt = rows_of("history")
     if rows.num_rows and blocks:
         keep = (owner >= 0) & ((attempts == "all") | (attempt == chosen[np.maximum(owner, 0)]))
         age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
-        position = blocks - 1 - (age - 1) // 10
+        position = blocks - 1 - (age - 1) // block_minutes
         keep &= (position >= 0) & (position < blocks)
         np.add.at(history_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
         np.add.at(history_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])

@@ -50,9 +50,14 @@ def store_with(samples: list[Sample]) -> DuckDBStore:
     return store
 
 
+def seed_settings(**values: object) -> Settings:
+    """The seed rule alone on every attempt: what the oracle (tests/oracle.py) recomputes."""
+    return Settings(detectors=(), checks=(), attempts="all", **values)
+
+
 def evaluate_samples(samples: list[Sample], settings: Settings | None = None, now: datetime = NOW) -> list[dict]:
     """Rows the DuckDB SQL and the rule give for `samples`."""
-    return evaluate(store_with(samples), settings or Settings(), now)
+    return evaluate(store_with(samples), settings or seed_settings(), now)
 
 
 def write_database(path: Path, samples: list[Sample]) -> Path:

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 from commandline import lossspike, one_line_error
-from conftest import NOW, store_with
+from conftest import NOW, seed_settings, store_with
 from googlesql import TranspiledBigQuery
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,7 +22,6 @@ from lossspike.backtest import backtest, tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql import Query, Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
@@ -102,7 +101,7 @@ def assert_same_verdicts(got: list[dict], want: list[dict]) -> None:
 def test_backtest_matches_evaluate_at_every_tick(case):
     samples, ticks, t, selection = case
     store = store_with(samples)
-    config = Settings(thresholds=t, selection=selection)
+    config = seed_settings(thresholds=t, selection=selection)
     [result] = backtest(store, config, ticks, detail=True)
     assert result.ticks == ticks
     for i, tick in enumerate(ticks):
@@ -117,7 +116,7 @@ def test_backtest_judged_runs_match_the_oracle(case, span):
     """Floors at, and one ULP either side of, the band: the backtest's merged windows judge them as SPEC says."""
     samples, t = case
     ticks = tick_times(NOW - timedelta(minutes=span), NOW)
-    [result] = backtest(store_with(samples), Settings(thresholds=t), ticks, detail=True)
+    [result] = backtest(store_with(samples), seed_settings(thresholds=t), ticks, detail=True)
     for i, tick in enumerate(ticks):
         want = expected(samples, tick, t, Selection())
         record(want)
@@ -136,14 +135,14 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
 
     base, loose = Thresholds(), Thresholds(sigma=0.0, min_rise=0.01, reference="floor", baseline_minutes=90)
     with Counting(demo_db, read_only=True) as store:
-        strict_result, loose_result = backtest(store, Settings(), ticks, [base, loose], detail=True)
+        strict_result, loose_result = backtest(store, seed_settings(), ticks, [base, loose], detail=True)
         # One query for the telemetry, however many variants; the override rows are the other.
         buckets = [q for q in calls if "loss_base" in q.sql]
         assert len(buckets) == 1 and len(calls) == 2
         assert buckets[0].params["rows_start"] == ticks[0] - timedelta(minutes=90)
         for variant, result in ((base, strict_result), (loose, loose_result)):
             for i in (0, 30, 60):
-                config = Settings(thresholds=variant)
+                config = seed_settings(thresholds=variant)
                 assert_same_verdicts(result.rows_at(i), evaluate(store, config, ticks[i]))
                 wanted = expected(samples, ticks[i], variant, Selection(), store.read_overrides(ticks[i]))
                 assert_rows_match(result.rows_at(i), wanted)
@@ -153,7 +152,7 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
 def test_episodes_on_the_demo(demo_db):
     ticks = tick_times(NOW - timedelta(minutes=60), NOW + timedelta(minutes=10))
     with DuckDBStore(demo_db, read_only=True) as store:
-        [result] = backtest(store, Settings(), ticks)
+        [result] = backtest(store, seed_settings(), ticks)
     episodes = {(e.run, e.reason): e for e in result.episodes()}
     # hero-phi-3 spikes too, but an override silenced it: it never pages.
     assert set(episodes) == {
@@ -169,7 +168,14 @@ def test_episodes_on_the_demo(demo_db):
     assert episodes["hero-gemma-2b", "not_finite"].max_margin is None
     summary = result.summary()
     assert summary["runs"] == 7 and summary["pages"] == 3
-    assert summary["pages_by_reason"] == {"spiking": 1, "not_finite": 1, "stalled": 1}
+    assert summary["pages_by_reason"] == {
+        "spiking": 1,
+        "not_finite": 1,
+        "stalled": 1,
+        "level_shift": 0,
+        "slow_divergence": 0,
+        "instability": 0,
+    }
     assert summary["pages_per_run_day"] == pytest.approx(3 / summary["run_days"])
 
 
@@ -191,9 +197,9 @@ def test_ticks_are_whole_minutes_and_ranges_are_checked():
 def test_bigquery_rendering_gives_the_same_backtest(demo_db):
     ticks = tick_times(NOW - timedelta(minutes=30), NOW)
     with DuckDBStore(demo_db, read_only=True) as duck:
-        [want] = backtest(duck, Settings(), ticks)
+        [want] = backtest(duck, seed_settings(), ticks)
     with TranspiledBigQuery(demo_db, read_only=True) as bigquery:
-        [got] = backtest(bigquery, Settings(), ticks, detail=True)
+        [got] = backtest(bigquery, seed_settings(), ticks, detail=True)
         overrides = bigquery.read_overrides(NOW)
     samples = telemetry_samples(demo_db)
     for i in (0, 15, 30):

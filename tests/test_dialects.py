@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 import sqlglot
-from conftest import NOW, evaluate_samples, load_telemetry
+from conftest import NOW, evaluate_samples, load_telemetry, seed_settings
 from googlesql import TranspiledBigQuery, assert_googlesql, googlesql_problems
 from hypothesis import HealthCheck, given, settings
 from oracle import Sample, assert_rows_match, expected
@@ -21,7 +21,6 @@ from lossspike.evaluate import evaluate
 from lossspike.overrides import overrides_query
 from lossspike.rule import Thresholds
 from lossspike.schema import ALERT_COLUMNS
-from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
     DUCKDB,
@@ -142,7 +141,7 @@ _BQ_STORE: list[TranspiledBigQuery] = []
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(samples=fleets, t=thresholds, sel=selections)
 def test_bigquery_transpiled_returns_duckdb_rows(samples, t, sel):
-    config = Settings(thresholds=t, selection=sel)
+    config = seed_settings(thresholds=t, selection=sel)
     duck_rows = evaluate_samples(samples, config)
     if not _BQ_STORE:
         _BQ_STORE.append(TranspiledBigQuery(":memory:"))
@@ -160,7 +159,7 @@ def test_nan_cases_agree():
     samples += [Sample(NOW - timedelta(minutes=1), v, "hero-a") for v in (nan, 2.0, inf)]
     store = TranspiledBigQuery(":memory:")
     load_telemetry(store.connection, samples)
-    [row] = evaluate(store, Settings(), NOW)
+    [row] = evaluate(store, seed_settings(), NOW)
     assert row == evaluate_samples(samples)[0]
     assert (row["reason"], row["baseline_samples"], row["recent_samples"], row["recent_not_finite"]) == (
         "not_finite",

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import duckdb
 import pytest
-from conftest import NOW, write_database
+from conftest import NOW, seed_settings, write_database
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import Sample
@@ -20,7 +20,6 @@ from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OverrideRow, escape_like, in_force, like, resolve, run_policies
 from lossspike.rule import Thresholds
-from lossspike.settings import Settings
 
 T = Thresholds()
 MINUTE = timedelta(minutes=1)
@@ -137,7 +136,7 @@ def fleet_db(tmp_path):
 
 def verdicts(path, now=NOW) -> dict[str, tuple]:
     with DuckDBStore(path, read_only=True) as store:
-        rows = evaluate(store, Settings(), now)
+        rows = evaluate(store, seed_settings(), now)
     return {r["run"]: (r["reason"], r["value"], r["silenced"], r["note"]) for r in rows}
 
 

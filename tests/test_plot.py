@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from commandline import lossspike, one_line_error
-from conftest import NOW, write_database
+from conftest import NOW, seed_settings, write_database
 from oracle import Sample, expected
 from telemetry import telemetry_samples
 
@@ -16,7 +16,6 @@ from lossspike.backtest import backtest, tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.plot import run_figure
 from lossspike.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql import Selection
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -68,7 +67,7 @@ def test_plot_lines_carry_each_ticks_values(demo_db, run, every, t):
     from matplotlib import pyplot
 
     ticks = tick_times(NOW - timedelta(minutes=40), NOW + timedelta(minutes=4), every)
-    settings = Settings(thresholds=t)
+    settings = seed_settings(thresholds=t)
     with DuckDBStore(demo_db, read_only=True) as store:
         figure = run_figure(store, settings, run, ticks)
         [result] = backtest(store, replace(settings, selection=Selection(run_ids=(run,))), ticks, detail=True)

@@ -6,7 +6,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from conftest import NOW, evaluate_samples, load_telemetry
+from conftest import NOW, evaluate_samples, load_telemetry, seed_settings
 from hypothesis import HealthCheck, given, settings
 from oracle import CROSS_ENGINE_REL, Sample, assert_rows_match, expected
 from strategies import fleets, judged_fleets, near_band, record, selections, thresholds
@@ -14,7 +14,6 @@ from strategies import fleets, judged_fleets, near_band, record, selections, thr
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql import Selection
 
 # Below these shares of examples holding a row of each kind, the judged-run property stops
@@ -29,7 +28,7 @@ SHARE_EXAMPLES = 300
 def test_sql_matches_python_recomputation(samples, t, sel):
     want = expected(samples, NOW, t, sel)
     record(want)
-    actual = evaluate_samples(samples, Settings(thresholds=t, selection=sel))
+    actual = evaluate_samples(samples, seed_settings(thresholds=t, selection=sel))
     assert_rows_match(actual, want)
 
 
@@ -39,7 +38,7 @@ def test_judged_runs_match_python_recomputation(case):
     samples, t = case
     want = expected(samples, NOW, t, Selection())
     record(want)
-    assert_rows_match(evaluate_samples(samples, Settings(thresholds=t)), want)
+    assert_rows_match(evaluate_samples(samples, seed_settings(thresholds=t)), want)
 
 
 _WRITER: list[DuckDBStore] = []
@@ -55,7 +54,7 @@ def test_written_alert_rows_match_python_recomputation(case):
     store = _WRITER[0]
     store.connection.execute("DROP TABLE IF EXISTS telemetry")
     load_telemetry(store.connection, samples)
-    store.write_alerts(evaluate(store, Settings(thresholds=t), NOW))
+    store.write_alerts(evaluate(store, seed_settings(thresholds=t), NOW))
     stored = store.connection.sql("SELECT * FROM loss_spike_alerts").to_arrow_table().to_pylist()
     assert_rows_match(sorted(stored, key=lambda r: (r["cluster"], r["run"])), expected(samples, NOW, t, Selection()))
 

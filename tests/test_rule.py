@@ -6,11 +6,10 @@ import math
 from datetime import timedelta
 
 import pytest
-from conftest import NOW, evaluate_samples
+from conftest import NOW, evaluate_samples, seed_settings
 from oracle import Sample
 
 from lossspike.rule import LossWindows, Thresholds, alert_rows, band, fleet_row, loss_spike_reason
-from lossspike.settings import Settings
 
 T = Thresholds()
 NAN, INF = float("nan"), float("inf")
@@ -158,6 +157,10 @@ def test_fleet_row_when_nothing_enrolled():
         "last_loss_at": None,
         "silenced": False,
         "note": None,
+        "severity": "",
+        "metric": None,
+        "observed": None,
+        "threshold": None,
     }
     assert alert_rows([], NOW, T) == [spec_row]
     assert fleet_row(NOW) == spec_row
@@ -198,7 +201,7 @@ def recent(level: float, n: int = 10) -> list[tuple[timedelta, float]]:
 
 
 def verdict(samples: list[Sample], **settings) -> list[tuple[str, str, str]]:
-    return [(r["run"], r["reason"], r["job"]) for r in evaluate_samples(samples, Settings(**settings))]
+    return [(r["run"], r["reason"], r["job"]) for r in evaluate_samples(samples, seed_settings(**settings))]
 
 
 def test_sql_verdicts_for_each_reason():
@@ -279,9 +282,9 @@ def test_explicit_run_ids_and_execution_uids():
     samples = run_samples(steady() + recent(2.5), "hero-a", execution_uid="1") + run_samples(
         steady() + recent(2.0), "custom run; 'x'", execution_uid="2"
     )
-    rows = evaluate_samples(samples, Settings(selection=_sel(run_ids=("custom run; 'x'",))))
+    rows = evaluate_samples(samples, seed_settings(selection=_sel(run_ids=("custom run; 'x'",))))
     assert [(r["run"], r["reason"]) for r in rows] == [("custom run; 'x'", "healthy")]
-    rows = evaluate_samples(samples, Settings(selection=_sel(execution_uids=("1",))))
+    rows = evaluate_samples(samples, seed_settings(selection=_sel(execution_uids=("1",))))
     assert [(r["run"], r["reason"], r["baseline_samples"]) for r in rows] == [("hero-a", "spiking", 40)]
 
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import duckdb
 import pytest
-from conftest import NOW, evaluate_samples, write_database
+from conftest import NOW, evaluate_samples, seed_settings, write_database
 from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
@@ -79,9 +79,9 @@ def test_execution_uids_count_only_those_attempts():
     dead = losses("hero-a", timedelta(minutes=55), timedelta(minutes=20), execution_uid="e1")
     alive = losses("hero-a", timedelta(minutes=10), MS, execution_uid="e2")
     assert only_row(dead + alive)["reason"] != "stalled"
-    settings = Settings(selection=Selection(execution_uids=("e1",)))
+    settings = seed_settings(selection=Selection(execution_uids=("e1",)))
     assert only_row(dead + alive, settings)["reason"] == "stalled"
-    settings = Settings(selection=Selection(execution_uids=("e2",)))
+    settings = seed_settings(selection=Selection(execution_uids=("e2",)))
     assert only_row(dead + alive, settings)["reason"] == "warming_up"
 
 
@@ -109,7 +109,7 @@ def test_run_that_logs_ten_minutes_then_stops_pages_once():
 def test_zero_turns_the_check_off():
     samples = losses("hero-a", timedelta(minutes=55), timedelta(minutes=30))
     assert only_row(samples)["reason"] == "stalled"
-    assert only_row(samples, Settings(thresholds=Thresholds(stall_minutes=0)))["reason"] == "warming_up"
+    assert only_row(samples, seed_settings(thresholds=Thresholds(stall_minutes=0)))["reason"] == "warming_up"
 
 
 def test_stall_minutes_setting_and_its_limits():
