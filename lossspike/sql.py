@@ -47,7 +47,7 @@ class Dialect:
     # windows ending at any instant are then unions of whole buckets.
     aligned_minute: str
     minutes_before: str  # whole minutes from timestamp {1} back to timestamp {0} earlier
-    div: str  # integer division, rounding down for the non-negative operands used here
+    ceil_div: str  # a quotient rounded up, as an integer
     row_number: str  # ROW_NUMBER() over a partition and an order
     types: dict[str, str]  # GoogleSQL type name -> this engine's, for typed NULLs
 
@@ -63,9 +63,13 @@ BIGQUERY = Dialect(
     newest="MAX_BY({}, {})",
     in_list="{} IN UNNEST({})",
     minute="TIMESTAMP_TRUNC({}, MINUTE)",
-    aligned_minute=("TIMESTAMP_SUB({1}, INTERVAL DIV(TIMESTAMP_DIFF({1}, {0}, MICROSECOND) - 1, 60000000) + 1 MINUTE)"),
+    # CEIL of a quotient of whole microseconds is exact: a non-integer quotient is at least
+    # 1/60000000 from an integer, far more than a float's rounding at these magnitudes.
+    aligned_minute=(
+        "TIMESTAMP_SUB({1}, INTERVAL CAST(CEIL(TIMESTAMP_DIFF({1}, {0}, MICROSECOND) / 60000000) AS INT64) MINUTE)"
+    ),
     minutes_before="TIMESTAMP_DIFF({1}, {0}, MINUTE)",
-    div="DIV({}, {})",
+    ceil_div="CAST(CEIL({} / {}) AS INT64)",
     row_number="ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {})",
     types={},
 )
@@ -85,7 +89,7 @@ DUCKDB = Dialect(
     # Interval arithmetic on TIMESTAMPTZ is exact in the UTC session the stores set.
     aligned_minute="{1} - to_minutes(CAST((epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1 AS BIGINT))",
     minutes_before="CAST((epoch_us({1}) - epoch_us({0})) // 60000000 AS BIGINT)",
-    div="({} // {})",
+    ceil_div="CAST(ceil({} / {}) AS BIGINT)",
     row_number="row_number() OVER (PARTITION BY {} ORDER BY {})",
     types={"FLOAT64": "DOUBLE", "INT64": "BIGINT", "TIMESTAMP": "TIMESTAMPTZ", "STRING": "VARCHAR", "BOOL": "BOOLEAN"},
 )
@@ -124,6 +128,12 @@ class Selection:
 
     service: str = "levanter"
     metric: str = "train_loss"
+    # SQL LIKE over run_id; ignored when run_ids is given.
+    run_pattern: str = "hero-%"
+    run_ids: tuple[str, ...] = ()
+    # Attempts to narrow both windows to; empty means every attempt.
+    execution_uids: tuple[str, ...] = ()
+    # The run-health checks' metrics (SPEC.md's table: Levanter's and Marin's names).
     grad_norm_metric: str = "grad_norm_total"
     skipped_steps_metric: str = "optim_skipped_step"
     eval_metric: str = "eval_paloma_macro_loss"
@@ -133,11 +143,6 @@ class Selection:
     router_entropy_metric: str = "train_router_routing_entropy_mean"
     router_bias_max_metric: str = "train_router_bias_max"
     router_bias_min_metric: str = "train_router_bias_min"
-    # SQL LIKE over run_id; ignored when run_ids is given.
-    run_pattern: str = "hero-%"
-    run_ids: tuple[str, ...] = ()
-    # Attempts to narrow both windows to; empty means every attempt.
-    execution_uids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -620,7 +625,8 @@ def tick_read_query(
         )
     if windows.history > windows.hour:
         params["history_start"] = now - timedelta(minutes=windows.history)
-        block = d.div.format(f"{d.minutes_before.format('minute', p('hour_start'))} - 1", HISTORY_BLOCK_MINUTES)
+        # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
+        block = d.ceil_div.format(d.minutes_before.format("minute", p("hour_start")), HISTORY_BLOCK_MINUTES)
         parts.append(
             branch(
                 HISTORY_PART,

@@ -21,7 +21,8 @@ from lossspike.sql import BIGQUERY, Query
 
 # GoogleSQL function names, from "All functions" of the GoogleSQL for BigQuery reference
 # (https://cloud.google.com/bigquery/docs/reference/standard-sql/functions-all) and its
-# mathematical-functions page. Only names, not signatures: a subset wide enough for what a
+# mathematical-functions page, plus ROW_NUMBER from its numbering functions
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/numbering_functions). Only names, not signatures: a subset wide enough for what a
 # tick, a backtest, a write or a rollup plausibly calls; add a name when a statement needs it
 # (after checking it on that page).
 GOOGLESQL_FUNCTIONS = frozenset(
@@ -32,7 +33,7 @@ GOOGLESQL_FUNCTIONS = frozenset(
     ENDS_WITH EXP EXTRACT FLOOR FORMAT FORMAT_TIMESTAMP GENERATE_ARRAY GENERATE_TIMESTAMP_ARRAY
     GREATEST IEEE_DIVIDE IF IFNULL IS_INF IS_NAN LEAST LENGTH LN LOG LOG10 LOGICAL_AND
     LOGICAL_OR LOWER MAX MAX_BY MIN MIN_BY MOD NULLIF PARSE_TIMESTAMP POW POWER RAND
-    RANGE_BUCKET REGEXP_CONTAINS REPLACE ROUND SAFE_ADD SAFE_CAST SAFE_DIVIDE SAFE_MULTIPLY
+    RANGE_BUCKET REGEXP_CONTAINS REPLACE ROUND ROW_NUMBER SAFE_ADD SAFE_CAST SAFE_DIVIDE SAFE_MULTIPLY
     SAFE_NEGATE SAFE_SUBTRACT SIGN SPLIT SQRT STARTS_WITH STDDEV STDDEV_POP STDDEV_SAMP
     STRING STRING_AGG STRUCT SUBSTR SUM TIMESTAMP TIMESTAMP_ADD TIMESTAMP_DIFF
     TIMESTAMP_MICROS TIMESTAMP_MILLIS TIMESTAMP_SECONDS TIMESTAMP_SUB TIMESTAMP_TRUNC TRIM

@@ -81,7 +81,8 @@ def test_evaluate_writes_every_column_spec_asks_for(tmp_path):
 
 def test_thresholds_from_flags_and_environment(tmp_path):
     db = write_database(tmp_path / "t.duckdb", spiking_fleet())
-    args = ("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write")
+    # The seed rule's thresholds: the detectors would page hero-up's shift whatever min_rise says.
+    args = ("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write", "--detectors", "none")
     quiet = lossspike(*args, "--min-rise", "5")
     assert [r["reason"] for r in json.loads(quiet.stdout)] == ["healthy", "healthy"]
     env_quiet = lossspike(*args, env={"LOSSSPIKE_MIN_RISE": "5"})
@@ -168,10 +169,12 @@ def test_odd_values_never_crash(tmp_path, value):
 def test_sql_command_prints_query_and_parameters():
     result = lossspike("sql", "--dialect", "bigquery", "--now", NOW_TEXT, "--table", "p.d.telemetry")
     assert result.returncode == 0, result.stderr
-    assert "`p.d.telemetry`" in result.stdout and "@baseline_start" in result.stdout
-    assert '"baseline_start": "2026-11-30T11:00:00Z"' in result.stdout
+    assert "`p.d.telemetry`" in result.stdout and "@hour_start" in result.stdout
+    # The hour, and slow divergence's three hours, as parameters.
+    assert '"hour_start": "2026-11-30T11:00:00Z"' in result.stdout
+    assert '"history_start": "2026-11-30T09:00:00Z"' in result.stdout
     duck = lossspike("sql", "--dialect", "duckdb", "--now", NOW_TEXT)
-    assert "$recent_start" in duck.stdout
+    assert "$hour_start" in duck.stdout
 
 
 def test_demo_shows_every_reason(tmp_path):
