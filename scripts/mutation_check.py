@@ -206,8 +206,8 @@ MUTANTS = [
     Mutant(
         "the heartbeat counts rows, not runs",
         "lossspike/monitoring.py",
-        '(), len(watched))',
-        '(), len(runs))',
+        "(), len(watched))",
+        "(), len(runs))",
         ["tests/test_cloud.py::test_a_run_pages_once_whatever_reasons_fire"],
     ),
     Mutant(
@@ -220,8 +220,8 @@ MUTANTS = [
     Mutant(
         "a silenced loss row silences the run's firing page check",
         "lossspike/monitoring.py",
-        "paging[key] = max(paging.get(key, 0), int(row[\"value\"]))",
-        "paging[key] = min(paging.get(key, 1), int(row[\"value\"]))",
+        'paging[key] = max(paging.get(key, 0), int(row["value"]))',
+        'paging[key] = min(paging.get(key, 1), int(row["value"]))',
         ["tests/test_cloud.py::test_a_silence_of_one_scope_leaves_the_other_paging"],
     ),
 ]

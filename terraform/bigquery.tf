@@ -31,13 +31,14 @@ resource "google_bigquery_table" "alerts" {
   }
 }
 
-# Latest verdict per (cluster, run), reading only recent partitions.
+# Every row of each (cluster, run)'s newest evaluation (its loss row and its firing check rows),
+# reading only recent partitions: a check that stopped firing has no row here, and resolves.
 resource "google_bigquery_table" "latest" {
   #checkov:skip=CKV_GCP_80:A view stores no data; encryption is the base table's.
   project             = var.project_id
   dataset_id          = google_bigquery_dataset.alerts.dataset_id
   table_id            = "loss_spike_latest"
-  description         = "Newest lossspike verdict per (cluster, run) within the last ${var.latest_view_lookback_hours} hours."
+  description         = "Every row of the newest lossspike evaluation per (cluster, run) within the last ${var.latest_view_lookback_hours} hours: the loss row and the firing check rows."
   deletion_protection = var.deletion_protection
   labels              = local.labels
 

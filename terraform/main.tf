@@ -67,12 +67,7 @@ locals {
   # The function's whole configuration. These names are the contract with the Python side
   # (lossspike's settings); this map is the one place Terraform lists them. An empty run list
   # is left out rather than set empty, so the pattern applies.
-  function_env = merge(
-    length(var.run_ids) > 0 ? { LOSSSPIKE_RUN_IDS = join(",", var.run_ids) } : {},
-    var.checks != "" ? { LOSSSPIKE_CHECKS = var.checks } : {},
-    { for name, limit in local.optional_limits : name => tostring(limit) if limit != null },
-    { for key, name in local.check_metrics : "LOSSSPIKE_${upper(key)}_METRIC" => name },
-    {
+  function_env = merge(length(var.run_ids) > 0 ? { LOSSSPIKE_RUN_IDS = join(",", var.run_ids) } : {}, {
     LOSSSPIKE_BACKEND              = "bigquery"
     LOSSSPIKE_PROJECT              = var.project_id
     LOSSSPIKE_LOCATION             = var.bigquery_location
@@ -105,7 +100,13 @@ locals {
     LOSSSPIKE_LOSS_JUMP_LIMIT      = tostring(var.loss_jump_limit)
     LOSSSPIKE_GRAD_NORM_LIMIT      = tostring(var.grad_norm_limit)
     LOSSSPIKE_SKIPPED_STEPS_LIMIT  = tostring(var.skipped_steps_limit)
-  })
+  }, local.check_env)
+  # Empty checks means the default set, so the variable is left out, like an unset limit.
+  check_env = merge(
+    var.checks != "" ? { LOSSSPIKE_CHECKS = var.checks } : {},
+    { for name, limit in local.optional_limits : name => tostring(limit) if limit != null },
+    { for key, name in local.check_metrics : "LOSSSPIKE_${upper(key)}_METRIC" => name },
+  )
 
   services = toset([
     "artifactregistry.googleapis.com",
