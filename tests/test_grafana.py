@@ -26,11 +26,11 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
-from lossspike.checks import CHECKS
 from lossspike.evaluate import evaluate
-from lossspike.rule import NOTIFY, PAGING_REASONS, REASONS
+from lossspike.rule import NOTIFY, REASONS
 from lossspike.settings import Settings
 from lossspike.times import format_rfc3339
 
@@ -485,7 +485,10 @@ def test_a_run_with_two_paging_reasons_is_one_instance_and_a_change_of_reason_th
     with rule_view(connection, _with_rows(check)):
         _, both = run_bigquery_sql(connection, rule_sql())
     # The loss row healthy, the check still paging: the same instance, still firing.
-    changed = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 'healthy', reason) AS reason, IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
+    changed = (
+        "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 'healthy', reason) AS reason,"
+        " IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
+    )
     with rule_view(
         connection,
         f"{changed} UNION ALL SELECT * REPLACE ({check}) FROM p.d.loss_spike_latest WHERE run = 'hero-qwen-32b'",
@@ -517,7 +520,11 @@ def test_a_row_from_before_the_severity_column_still_pages(warehouse):
 def test_notify_rows_reach_only_the_notice_rule(warehouse):
     connection, _ = warehouse
     notice = "'throughput_low' AS reason, 'notify' AS severity, 'throughput_tokens_per_second' AS metric"
-    healthy = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 'healthy', reason) AS reason, IF(run = 'hero-qwen-32b', '', severity) AS severity, IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
+    healthy = (
+        "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 'healthy', reason) AS reason,"
+        " IF(run = 'hero-qwen-32b', '', severity) AS severity, IF(run = 'hero-qwen-32b', 0, value) AS value)"
+        " FROM p.d.loss_spike_latest"
+    )
     view = f"{healthy} UNION ALL SELECT * REPLACE ({notice}) FROM p.d.loss_spike_latest WHERE run = 'hero-qwen-32b'"
     with rule_view(connection, view):
         _, pages = run_bigquery_sql(connection, rule_sql())
