@@ -30,7 +30,7 @@ from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import NOTIFY, REASONS
+from lossspike.rule import NOTIFY, PAGING_REASONS, REASONS
 from lossspike.settings import Settings
 from lossspike.times import format_rfc3339
 
@@ -647,3 +647,14 @@ def test_macro_expansion_matches_the_datasource():
         "SELECT * FROM t WHERE created_at >= '2023-01-01T00:00:00Z' AND created_at <= '2023-01-02T00:00:00Z'"
     )
     assert os.environ.get("LOSSSPIKE_GRAFANA_DATASOURCE_UID") is None
+
+
+def test_the_runbook_every_page_links_has_a_section_per_reason():
+    # Both rules' annotations and every Cloud Monitoring policy link docs/runbook.md.
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    sections = set(re.findall(r"^\*\*`(\w+)`\*\* \((page|notify)", runbook, flags=re.MULTILINE))
+    paging_checks = {reason for reason, (severity, _) in CHECKS.items() if severity != NOTIFY}
+    want = {(r, "page") for r in (*PAGING_REASONS, *paging_checks)} | {(r, "notify") for r in NOTIFY_REASONS}
+    assert sections == want
+    # Scheduled shifts look like real ones: the runbook says to silence them ahead of time.
+    assert "lossspike silence hero-x --until" in runbook and "learning-rate rewarm" in runbook
