@@ -26,7 +26,7 @@ from servers.proxy import Faults, faulty_proxy
 from lossspike.function import bigquery_backend
 from lossspike.rule import Thresholds
 from lossspike.settings import OPTIONS
-from lossspike.sql import Selection
+from lossspike.sql import CHECK_METRICS, Selection
 
 PROJECT = "lossspike-cloud"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -307,6 +307,22 @@ BAD_VALUES = {
     "LOSSSPIKE_MIN_BASELINE_SAMPLES": "20.5",
     "LOSSSPIKE_MIN_RECENT_SAMPLES": "five",
     "LOSSSPIKE_REFERENCE": "max",
+    "LOSSSPIKE_DETECTORS": "spiking",
+    "LOSSSPIKE_ATTEMPTS": "oldest",
+    "LOSSSPIKE_CHECKS": "grad_norm",
+    "LOSSSPIKE_DIVERGENCE_MINUTES": "0",
+    "LOSSSPIKE_MAX_RECENT_MINUTES": "1441",
+    "LOSSSPIKE_INSTABILITY_COUNT": "0",
+    **{
+        f"LOSSSPIKE_{name}": "-1"
+        for name in ("SHIFT_MIN_RISE", "SHIFT_SIGMA", "DIVERGENCE_MIN_RISE", "INSTABILITY_SIGMA")
+        + ("INSTABILITY_MIN_RISE", "LOSS_JUMP_LIMIT", "GRAD_NORM_LIMIT", "SKIPPED_STEPS_LIMIT")
+    },
+    **{
+        f"LOSSSPIKE_{name}": "nan"
+        for name in ("THROUGHPUT_FLOOR", "MFU_FLOOR", "TOKEN_DROP_LIMIT", "ROUTER_ENTROPY_LIMIT", "ROUTER_BIAS_LIMIT")
+    },
+    **{f"LOSSSPIKE_{key.upper()}_METRIC": " " for key in CHECK_METRICS},
 }
 
 
