@@ -23,8 +23,9 @@ from servers import bigquery as bqserver
 from servers import monitoring as monserver
 from servers.proxy import Faults, faulty_proxy
 
+from lossspike.checks import CHECK_REASONS
 from lossspike.function import bigquery_backend
-from lossspike.rule import Thresholds
+from lossspike.rule import REASONS, Thresholds
 from lossspike.settings import OPTIONS
 from lossspike.sql import CHECK_METRICS, Selection
 
@@ -364,7 +365,16 @@ def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
     for _ in range(2):
         response = http.post("/", headers=SCHEDULE_HEADER)
         assert response.status_code == 200, response.json
-    assert response.json["counts"] == {"not_finite": 1, "stalled": 1, "warming_up": 1, "spiking": 2, "healthy": 2}
+    counts = response.json["counts"]
+    # Every reason is counted, the checks' too; the demo fleet fires no check.
+    assert set(counts) == {*REASONS, *CHECK_REASONS}
+    assert {r: n for r, n in counts.items() if n} == {
+        "not_finite": 1,
+        "stalled": 1,
+        "warming_up": 1,
+        "spiking": 2,
+        "healthy": 2,
+    }
     assert set(response.json["sinks"]) == {"alerts_table"}
     sys.modules["main"]._BACKEND[0].store.close()
     import duckdb
