@@ -800,7 +800,7 @@ variable "rollup_refresh_interval_minutes" {
 }
 
 variable "rollup_since" {
-  description = "Fixed lower bound of the rollup view, \"YYYY-MM-DD hh:mm:ss\" UTC; empty means an hour before the baseline of the apply that (re)builds it."
+  description = "Fixed lower bound of the rollup view, \"YYYY-MM-DD hh:mm:ss\" UTC; empty means an hour before the longest horizon a tick reads (a day, for the evaluation loss) at the apply that (re)builds it."
   type        = string
   default     = ""
 

@@ -552,6 +552,9 @@ def test_notices_reach_no_pager(plan: dict) -> None:
 def test_every_page_links_the_runbook_and_names_the_run(plan: dict) -> None:
     docs = {p: _after(plan, f"google_monitoring_alert_policy.{p}")["documentation"][0]["content"] for p in POLICIES}
     assert all(EXAMPLE_VARS["runbook_url"] in text for text in docs.values())
+    # Belief: documentation content is at most 8,192 characters and 10,240 UTF-8 bytes
+    # (https://cloud.google.com/python/docs/reference/monitoring/latest/google.cloud.monitoring_v3.types.AlertPolicy.Documentation).
+    assert all(len(text) <= 8192 and len(text.encode()) <= 10240 for text in docs.values())
     spike = docs["loss_spike"]
     # Policy documentation substitutes ${metric.label.KEY} (a label, never a value or a time).
     for label in ("run", "cluster"):
