@@ -658,3 +658,26 @@ def test_the_runbook_every_page_links_has_a_section_per_reason():
     assert sections == want
     # Scheduled shifts look like real ones: the runbook says to silence them ahead of time.
     assert "lossspike silence hero-x --until" in runbook and "learning-rate rewarm" in runbook
+
+
+def test_the_latest_view_holds_every_row_of_the_newest_evaluation(warehouse):
+    # SPEC.md, "Data contracts": a check that stopped firing has no row there, and resolves.
+    connection, now = warehouse
+    check = "'grad_norm_high' AS reason, 'page' AS severity, 'grad_norm_total' AS metric"
+    connection.execute("CREATE SCHEMA IF NOT EXISTS p.resolve")
+    connection.execute(
+        "CREATE OR REPLACE TABLE p.resolve.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts UNION ALL "
+        # hero-qwen-32b's check fires at every tick; hero-gemma-2b's stopped firing a minute ago.
+        f"SELECT * REPLACE ({check}) FROM p.d.loss_spike_alerts WHERE run = 'hero-qwen-32b' UNION ALL "
+        f"SELECT * REPLACE ({check}) FROM p.d.loss_spike_alerts WHERE run = 'hero-gemma-2b' AND evaluated_at < ?",
+        [now],
+    )
+    connection.execute(f"CREATE OR REPLACE VIEW p.resolve.latest AS {_latest_view('p.resolve.loss_spike_alerts')}")
+    rows = connection.execute("SELECT run, reason, evaluated_at FROM p.resolve.latest ORDER BY run, reason").fetchall()
+    assert all(at == now for _, _, at in rows)
+    by_run = {}
+    for run, reason, _ in rows:
+        by_run.setdefault(run, []).append(reason)
+    assert by_run["hero-qwen-32b"] == ["grad_norm_high", "spiking"]
+    assert by_run["hero-gemma-2b"] == ["not_finite"]
+    assert len(rows) == 7 + 1
