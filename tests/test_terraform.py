@@ -679,7 +679,8 @@ def test_a_rebuilt_view_holds_the_longest_horizon_a_tick_reads(workdir: Path) ->
 # else ("Modifying table schemas", https://cloud.google.com/bigquery/docs/managing-table-schemas);
 # the google provider updates the table in place for exactly those changes and replaces it (losing
 # every row) for any other (resourceBigQueryTableSchemaIsChangeable and bigQueryTableModeIsForceNew,
-# hashicorp/terraform-provider-google, google/services/bigquery/resource_bigquery_table.go).
+# hashicorp/terraform-provider-google, google/resource_bigquery_table.go at 8fa339ef; later releases
+# keep it in google/services/bigquery/).
 _SAME_TYPES = [{"INTEGER", "INT64"}, {"FLOAT", "FLOAT64"}, {"BOOLEAN", "BOOL"}]
 
 
