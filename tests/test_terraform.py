@@ -675,12 +675,13 @@ def test_a_rebuilt_view_holds_the_longest_horizon_a_tick_reads(workdir: Path) ->
     assert since == "(known after apply)" or re.fullmatch(r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"', since)
 
 
-# BigQuery takes new NULLABLE columns and REQUIRED -> NULLABLE relaxations in place and nothing
-# else ("Modifying table schemas", https://cloud.google.com/bigquery/docs/managing-table-schemas);
-# the google provider updates the table in place for exactly those changes and replaces it (losing
-# every row) for any other (resourceBigQueryTableSchemaIsChangeable and bigQueryTableModeIsForceNew,
-# hashicorp/terraform-provider-google, google/resource_bigquery_table.go at 8fa339ef; later releases
-# keep it in google/services/bigquery/).
+# BigQuery takes new NULLABLE columns and REQUIRED -> NULLABLE relaxations in place ("Modifying
+# table schemas", https://cloud.google.com/bigquery/docs/managing-table-schemas); the google
+# provider updates the table in place for those changes and replaces it (losing every row) for a
+# new REQUIRED column, a type change or any other mode change (resourceBigQueryTableSchemaIsChangeable
+# and bigQueryTableModeIsForceNew, hashicorp/terraform-provider-google, google/resource_bigquery_table.go
+# at 8fa339ef and google/services/bigquery/resource_bigquery_table.go at 00b984c6; the newer one also
+# drops top-level columns in place, which this module never does).
 _SAME_TYPES = [{"INTEGER", "INT64"}, {"FLOAT", "FLOAT64"}, {"BOOLEAN", "BOOL"}]
 
 
@@ -712,6 +713,10 @@ def test_gcp_belief_upgrading_a_deployed_table_keeps_its_rows(table: str) -> Non
     released = json.loads((REPO / "tests" / "released" / f"{table}_schema.json").read_text())
     current = json.loads((REPO / "lossspike" / f"{table}_schema.json").read_text())
     assert _updates_in_place(released, current)
-    # The rule is not vacuous: a dropped column or a new REQUIRED one would replace the table.
-    assert not _updates_in_place(current, released)
+    # The rule is not vacuous: a new REQUIRED column, a type change or a NULLABLE column made
+    # REQUIRED would replace the table.
+    first, *rest = released
+    nullable = next(c for c in released if c["mode"] == "NULLABLE")
     assert not _updates_in_place(released, [*released, {"name": "x", "type": "STRING", "mode": "REQUIRED"}])
+    assert not _updates_in_place(released, [{**first, "type": "BYTES"}, *rest])
+    assert not _updates_in_place(released, [{**c, "mode": "REQUIRED"} if c is nullable else c for c in released])
