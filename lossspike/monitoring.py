@@ -1,14 +1,21 @@
-"""Cloud Monitoring sink: a point per paging run, and a fleet heartbeat.
+"""Cloud Monitoring sink: a paging point per run, a notice per notify row, and a fleet heartbeat.
 
-Two metrics, both GAUGE INT64 on the `global` resource:
+Three metrics, all GAUGE INT64 on the `global` resource:
 
-* `<prefix>/runs_watched`, every tick and written first: an alert on its
-  absence catches a dead evaluator.
-* `<prefix>/alert` with labels {cluster, run, reason}: a point only for runs
-  whose reason pages (rule.PAGING_REASONS), 1, or 0 while the run is silenced.
-  Healthy and warming-up runs get no point, which keeps ingestion proportional
-  to the runs in trouble; the alert policy treats missing data as inactive, so
-  an incident closes when its points stop.
+* `<prefix>/runs_watched`, every tick and written first: the runs judged (not
+  rows: a run with check rows is still one run). An alert on its absence
+  catches a dead evaluator.
+* `<prefix>/page` with labels {cluster, run}: one point per run with a row of
+  severity `page` (a paging loss reason or a page check), 1 while any of them
+  fires, 0 while all of them are silenced. The reason is not a label, so a run
+  pages once whatever reasons fire, and a change of reason within an episode
+  stays the same incident; the alert rows and the latest view name the reasons.
+* `<prefix>/notice` with labels {cluster, run, reason}: one point per `notify`
+  row, 1, or 0 while silenced. Its own alert policy routes it to its own channels.
+
+Rows that do not fire (healthy, warming up) get no point, which keeps ingestion
+proportional to the runs in trouble; the alert policies treat missing data as
+inactive, so an incident closes when its points stop.
 
 Cloud Monitoring keeps one point per series and time. A re-run of a minute
 (a duplicated delivery, a manual tick) is refused for the series already
@@ -30,9 +37,8 @@ from google.api_core import exceptions
 from google.api_core.retry import Retry, if_exception_type
 from google.cloud import monitoring_v3
 
-from lossspike import rule
 from lossspike.deadline import Deadline
-from lossspike.rule import is_fleet_row
+from lossspike.rule import NOTIFY, PAGE, is_fleet_row
 from lossspike.settings import Settings
 
 # Limits from https://cloud.google.com/monitoring/quotas ("User-defined metrics"):
@@ -54,7 +60,8 @@ _RETRYABLE = (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded, except
 # Names listed in a response, at most; the counts are always complete.
 MAX_NAMES_REPORTED = 20
 
-ALERT_METRIC = "alert"
+PAGE_METRIC = "page"
+NOTICE_METRIC = "notice"
 HEARTBEAT_METRIC = "runs_watched"
 
 
@@ -73,11 +80,6 @@ def label_value(text: str) -> str:
     return f"{prefix}~{digest}"
 
 
-def paging_value(row: dict[str, Any]) -> int:
-    """1 while the row's reason pages, 0 while the run is silenced."""
-    return 0 if row.get("silenced") else 1
-
-
 @dataclass(frozen=True)
 class Point:
     """One point to write: its series (metric type and labels) and value."""
@@ -88,7 +90,7 @@ class Point:
 
     @property
     def name(self) -> str:
-        """The series as a person reads it, e.g. alert{cluster=c1,run=hero-a,reason=spiking}."""
+        """The series as a person reads it, e.g. page{cluster=c1,run=hero-a}."""
         short = self.metric_type.rsplit("/", 1)[-1]
         return short + ("{" + ",".join(f"{k}={v}" for k, v in self.labels) + "}" if self.labels else "")
 
@@ -108,18 +110,30 @@ class Point:
 
 
 def tick_points(rows: list[dict[str, Any]], prefix: str) -> list[Point]:
-    """The tick's points: the heartbeat first, then one per paging run."""
+    """The tick's points: the heartbeat first, one page point per paging run, one notice per notify row.
+
+    A run's page point is the largest value of its `page` rows (a row's value is 0
+    while its scope is silenced), so a silence of the loss row alone leaves a
+    firing check paging.
+    """
     runs = [r for r in rows if not is_fleet_row(r)]
-    points = [Point(f"{prefix}/{HEARTBEAT_METRIC}", (), len(runs))]
+    watched = {(r["cluster"], r["run"]) for r in runs}
+    points = [Point(f"{prefix}/{HEARTBEAT_METRIC}", (), len(watched))]
+    paging: dict[tuple[str, str], int] = {}
+    notices = []
     for row in runs:
-        if row["reason"] in rule.PAGING_REASONS:
-            labels = (
-                ("cluster", label_value(row["cluster"])),
-                ("run", label_value(row["run"])),
-                ("reason", row["reason"]),
-            )
-            points.append(Point(f"{prefix}/{ALERT_METRIC}", labels, paging_value(row)))
-    return points
+        key = (row["cluster"], row["run"])
+        if row.get("severity") == PAGE:
+            paging[key] = max(paging.get(key, 0), int(row["value"]))
+        elif row.get("severity") == NOTIFY:
+            labels = (*_run_labels(key), ("reason", row["reason"]))
+            notices.append(Point(f"{prefix}/{NOTICE_METRIC}", labels, int(row["value"])))
+    points.extend(Point(f"{prefix}/{PAGE_METRIC}", _run_labels(key), value) for key, value in paging.items())
+    return points + notices
+
+
+def _run_labels(key: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    return (("cluster", label_value(key[0])), ("run", label_value(key[1])))
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
 
+from lossspike.checks import CHECK_REASONS
 from lossspike.deadline import Deadline
 from lossspike.evaluate import evaluate
 from lossspike.render import jsonable
@@ -50,11 +51,13 @@ class TickResult:
 
     @property
     def runs_watched(self) -> int:
-        return sum(1 for r in self.rows if not is_fleet_row(r))
+        """Runs judged, not rows: a run's check rows sit beside its loss row."""
+        return len({(r["cluster"], r["run"]) for r in self.rows if not is_fleet_row(r)})
 
     def counts(self) -> dict[str, int]:
+        """Rows per reason: the loss reasons, then the checks that fired."""
         found = Counter(r["reason"] for r in self.rows if not is_fleet_row(r))
-        return {reason: found.get(reason, 0) for reason in REASONS}
+        return {reason: found.get(reason, 0) for reason in (*REASONS, *CHECK_REASONS)}
 
     def body(self) -> dict[str, Any]:
         """The HTTP response: rows, time, counts and every sink's outcome."""

@@ -195,6 +195,35 @@ MUTANTS = [
         '"last_loss_at": f"MAX({when(finite, \'timestamp\')})",',
         ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
     ),
+    # --- the sinks: a run pages once (issue 15) ---
+    Mutant(
+        "the page series is labelled by reason (a change of reason opens a new incident)",
+        "lossspike/monitoring.py",
+        'key = (row["cluster"], row["run"])',
+        'key = (row["cluster"], row["run"] + ":" + row["reason"])',
+        ["tests/test_cloud.py::test_a_change_of_reason_inside_an_episode_is_the_same_series"],
+    ),
+    Mutant(
+        "the heartbeat counts rows, not runs",
+        "lossspike/monitoring.py",
+        "(), len(watched))",
+        "(), len(runs))",
+        ["tests/test_cloud.py::test_a_run_pages_once_whatever_reasons_fire"],
+    ),
+    Mutant(
+        "notify rows page",
+        "lossspike/monitoring.py",
+        'if row.get("severity") == PAGE:',
+        'if row.get("severity") in (PAGE, NOTIFY):',
+        ["tests/test_cloud.py::test_notify_rows_reach_only_the_notice_metric"],
+    ),
+    Mutant(
+        "a silenced loss row silences the run's firing page check",
+        "lossspike/monitoring.py",
+        'paging[key] = max(paging.get(key, 0), int(row["value"]))',
+        'paging[key] = min(paging.get(key, 1), int(row["value"]))',
+        ["tests/test_cloud.py::test_a_silence_of_one_scope_leaves_the_other_paging"],
+    ),
 ]
 
 

@@ -31,13 +31,14 @@ resource "google_bigquery_table" "alerts" {
   }
 }
 
-# Latest verdict per (cluster, run), reading only recent partitions.
+# Every row of each (cluster, run)'s newest evaluation (its loss row and its firing check rows),
+# reading only recent partitions: a check that stopped firing has no row here, and resolves.
 resource "google_bigquery_table" "latest" {
   #checkov:skip=CKV_GCP_80:A view stores no data; encryption is the base table's.
   project             = var.project_id
   dataset_id          = google_bigquery_dataset.alerts.dataset_id
   table_id            = "loss_spike_latest"
-  description         = "Newest lossspike verdict per (cluster, run) within the last ${var.latest_view_lookback_hours} hours."
+  description         = "Every row of the newest lossspike evaluation per (cluster, run) within the last ${var.latest_view_lookback_hours} hours: the loss row and the firing check rows."
   deletion_protection = var.deletion_protection
   labels              = local.labels
 
@@ -91,19 +92,22 @@ resource "google_bigquery_table" "telemetry" {
 # once, plus the watched runs' minute rows of the hour, never the day so far. BigQuery requires
 # a partitioned view to use the base table's partition granularity (DAY or HOUR):
 # https://cloud.google.com/bigquery/docs/materialized-views-create#partitioned_materialized_views
-# Changing the service, metric, run pattern or run list changes the query, which replaces the
-# view: the new view reads the telemetry since `local.rollup_since` once (about the last
-# baseline + 1 hour; `lossspike cost` prices a rebuild), and the first ticks are not blind.
+# Changing the service, a metric name, the run pattern or the run list changes the query, which
+# replaces the view: the new view reads the telemetry since `local.rollup_since` once (the
+# longest horizon a tick reads, a day for the evaluation loss, plus an hour; `lossspike cost`
+# prices a rebuild), and the first ticks are not blind.
 resource "google_bigquery_table" "rollup" {
   #checkov:skip=CKV_GCP_80:Per-minute loss aggregates; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
   #checkov:skip=CKV_GCP_121:A view derived from telemetry: changing the run pattern must replace it, and replacing rebuilds it from telemetry.
   project             = var.project_id
   dataset_id          = google_bigquery_dataset.alerts.dataset_id
   table_id            = local.rollup_table_name
-  description         = "lossspike per-minute loss buckets since ${local.rollup_since} UTC; rebuilt when service_name, metric_name, run_pattern or run_ids change."
+  description         = "lossspike per-minute buckets (loss, evaluation loss, check metrics) since ${local.rollup_since} UTC; rebuilt when service_name, metric_name, a check metric name, run_pattern or run_ids change."
   deletion_protection = false
   labels              = local.labels
-  clustering          = ["run_id", "minute"]
+  # The tick reads each part (loss minutes, evaluation minutes, the other metrics' minutes) by
+  # metric role, then by minute range: both lead the clustering, so each part prunes.
+  clustering = ["metric", "minute", "run_id"]
 
   time_partitioning {
     type          = var.telemetry_partition_type
@@ -116,25 +120,30 @@ resource "google_bigquery_table" "rollup" {
     # absorbs a backlog after an outage outside the tick's byte cap.
     enable_refresh      = true
     refresh_interval_ms = var.rollup_refresh_interval_minutes * 60000
-    query = templatefile("${path.module}/sql/loss_spike_minutes.sql", {
-      telemetry_table = var.telemetry_table
-      service         = var.service_name
-      metric          = var.metric_name
-      run_pattern     = local.rollup_run_pattern
-      since           = local.rollup_since
-    })
+    query = templatefile("${path.module}/sql/loss_spike_minutes.sql", merge(
+      { for key, name in local.check_metrics : "${key}_metric" => name },
+      {
+        telemetry_table = var.telemetry_table
+        service         = var.service_name
+        metric          = var.metric_name
+        run_pattern     = local.rollup_run_pattern
+        since           = local.rollup_since
+      },
+    ))
   }
 
   depends_on = [google_bigquery_table.telemetry, google_bigquery_table_iam_member.telemetry_viewer]
 }
 
-# When the view was (re)built: it holds telemetry from an hour before the baseline on.
+# When the view was (re)built: it holds telemetry from an hour before the longest horizon a
+# tick reads on (local.rollup_since).
 resource "time_static" "rollup_built" {
   triggers = {
     telemetry_table = var.telemetry_table
     service         = var.service_name
     metric          = var.metric_name
     run_pattern     = local.rollup_run_pattern
+    check_metrics   = jsonencode(local.check_metrics)
   }
 }
 

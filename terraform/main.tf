@@ -14,17 +14,42 @@ locals {
   # A view cannot take a list of runs as a parameter: with run_ids it holds every run of the
   # service, and each tick reads the listed ones.
   rollup_run_pattern = length(var.run_ids) > 0 ? "%" : var.run_pattern
-  # The view's lower bound, fixed when it is (re)built: an hour before the first tick's baseline.
+  # The view's lower bound, fixed when it is (re)built: an hour before the longest horizon the
+  # first tick reads (the baseline, the slow-divergence horizon, the evaluation loss's day:
+  # lossspike.checks.EVAL_LOOKBACK_MINUTES), so no check or detector is blind after a rebuild.
+  rollup_horizon_minutes = max(var.baseline_minutes, var.divergence_minutes, 24 * 60)
   rollup_since = var.rollup_since != "" ? var.rollup_since : formatdate(
-    "YYYY-MM-DD hh:mm:ss", timeadd(time_static.rollup_built.rfc3339, "-${var.baseline_minutes + 60}m")
+    "YYYY-MM-DD hh:mm:ss", timeadd(time_static.rollup_built.rfc3339, "-${local.rollup_horizon_minutes + 60}m")
   )
 
   # Scheduler must wait longer than the function may run, or every slow tick is retried.
   attempt_deadline_seconds = max(var.scheduler_attempt_deadline_seconds, var.function_timeout_seconds + 10)
 
   metric_types = {
-    alert        = "${var.metric_prefix}/alert"
+    page         = "${var.metric_prefix}/page"
+    notice       = "${var.metric_prefix}/notice"
     runs_watched = "${var.metric_prefix}/runs_watched"
+  }
+
+  # The check metric names by the rollup template's key (lossspike.sql.CHECK_METRICS).
+  check_metrics = {
+    grad_norm       = var.grad_norm_metric
+    skipped_steps   = var.skipped_steps_metric
+    eval            = var.eval_metric
+    throughput      = var.throughput_metric
+    mfu             = var.mfu_metric
+    token_drops     = var.token_drops_metric
+    router_entropy  = var.router_entropy_metric
+    router_bias_max = var.router_bias_max_metric
+    router_bias_min = var.router_bias_min_metric
+  }
+  # Model-specific check thresholds: null leaves the variable out, so the check stays off.
+  optional_limits = {
+    LOSSSPIKE_THROUGHPUT_FLOOR     = var.throughput_floor
+    LOSSSPIKE_MFU_FLOOR            = var.mfu_floor
+    LOSSSPIKE_TOKEN_DROP_LIMIT     = var.token_drop_limit
+    LOSSSPIKE_ROUTER_ENTROPY_LIMIT = var.router_entropy_limit
+    LOSSSPIKE_ROUTER_BIAS_LIMIT    = var.router_bias_limit
   }
 
   # Terraform 1.0 has no cross-variable validation: a lookup of a key that is not in the map
@@ -62,7 +87,26 @@ locals {
     LOSSSPIKE_STALL_MINUTES        = tostring(var.stall_minutes)
     LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
     LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
-  })
+    LOSSSPIKE_DETECTORS            = var.detectors
+    LOSSSPIKE_ATTEMPTS             = var.attempts
+    LOSSSPIKE_SHIFT_MIN_RISE       = tostring(var.shift_min_rise)
+    LOSSSPIKE_SHIFT_SIGMA          = tostring(var.shift_sigma)
+    LOSSSPIKE_DIVERGENCE_MIN_RISE  = tostring(var.divergence_min_rise)
+    LOSSSPIKE_DIVERGENCE_MINUTES   = tostring(var.divergence_minutes)
+    LOSSSPIKE_INSTABILITY_SIGMA    = tostring(var.instability_sigma)
+    LOSSSPIKE_INSTABILITY_MIN_RISE = tostring(var.instability_min_rise)
+    LOSSSPIKE_INSTABILITY_COUNT    = tostring(var.instability_count)
+    LOSSSPIKE_MAX_RECENT_MINUTES   = tostring(var.max_recent_minutes)
+    LOSSSPIKE_LOSS_JUMP_LIMIT      = tostring(var.loss_jump_limit)
+    LOSSSPIKE_GRAD_NORM_LIMIT      = tostring(var.grad_norm_limit)
+    LOSSSPIKE_SKIPPED_STEPS_LIMIT  = tostring(var.skipped_steps_limit)
+  }, local.check_env)
+  # Empty checks means the default set, so the variable is left out, like an unset limit.
+  check_env = merge(
+    var.checks != "" ? { LOSSSPIKE_CHECKS = var.checks } : {},
+    { for name, limit in local.optional_limits : name => tostring(limit) if limit != null },
+    { for key, name in local.check_metrics : "LOSSSPIKE_${upper(key)}_METRIC" => name },
+  )
 
   services = toset([
     "artifactregistry.googleapis.com",

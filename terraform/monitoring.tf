@@ -1,25 +1,60 @@
-# Series design (cost, issue #8): the function writes an `alert` point only for a run whose
-# reason pages (spiking, not_finite, stalled): 1, or 0 while the run is silenced. Healthy and
-# warming-up runs get no point, so a series that stops arriving must read as "not firing":
-# the threshold condition evaluates missing data as false (EVALUATION_MISSING_DATA_INACTIVE,
+# Series design (cost, issue #8; once per run, issue #15): the function writes a `page` point only
+# for a run with a paging row (a paging loss reason, or a page-severity check such as
+# grad_norm_high): 1, or 0 while every paging row of the run is silenced. The series is labelled
+# {cluster, run} and never by reason, so a run pages once whatever reasons fire and a change of
+# reason inside an episode keeps the same incident. `notify` rows get a `notice` point each, on
+# their own metric and policy. Runs with nothing firing get no point, so a series that stops
+# arriving must read as "not firing": the threshold conditions evaluate missing data as false
+# (EVALUATION_MISSING_DATA_INACTIVE,
 # https://cloud.google.com/python/docs/reference/monitoring/latest/google.cloud.monitoring_v3.types.AlertPolicy.Condition.EvaluationMissingData),
 # and the incident closes once the run stops paging.
+#
+# New metric types rather than a relabelled `alert`: a descriptor's labels are never removed once
+# created (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.metricDescriptors/create),
+# and altering a descriptor makes its existing data unusable; an upgrade deletes the old `alert`
+# descriptor and its policy condition moves to `page`.
 #
 # Every condition's filter names the metric type and the monitored resource type: points are
 # written to the `global` resource, Cloud Run's logs to `cloud_run_revision`
 # (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies#MetricThreshold).
 
 locals {
-  paging_reasons = ["spiking", "not_finite", "stalled"]
-
   failed_ticks_metric_type = "logging.googleapis.com/user/${google_logging_metric.failed_ticks.name}"
+
+  # Where a page sends the reader for the reasons: policy documentation can insert labels
+  # (${metric.label.KEY}) but not the rows, so it links them.
+  dashboard_link = var.grafana_dashboard_url != "" ? "Dashboard, with the run selected: ${var.grafana_dashboard_url}?var-run=$${metric.label.run}" : "Set grafana_dashboard_url to link the Grafana dashboard here."
+  reasons_query  = "SELECT reason, severity, value, observed, threshold, metric FROM `${var.project_id}.${var.dataset_id}.loss_spike_latest` WHERE cluster = '$${metric.label.cluster}' AND run = '$${metric.label.run}'"
 }
 
-resource "google_monitoring_metric_descriptor" "alert" {
+resource "google_monitoring_metric_descriptor" "page" {
   project      = var.project_id
-  type         = local.metric_types.alert
-  display_name = "lossspike alert"
-  description  = "Written each tick only for a run whose verdict pages (spiking, not_finite, stalled): 1, or 0 while the run is silenced. Healthy and warming-up runs write nothing. The run's job ID is in the alert rows, not in a label."
+  type         = local.metric_types.page
+  display_name = "lossspike page"
+  description  = "Written each tick only for a run with a paging row (a paging loss reason or a page-severity check): 1 while any of them fires, 0 while all are silenced. One series per run, whatever the reasons; they are in the alert rows. Runs with nothing paging write nothing."
+  metric_kind  = "GAUGE"
+  value_type   = "INT64"
+  unit         = "1"
+
+  labels {
+    key         = "cluster"
+    value_type  = "STRING"
+    description = "Cluster of the run ('unknown' when the telemetry has none)."
+  }
+  labels {
+    key         = "run"
+    value_type  = "STRING"
+    description = "Run ID."
+  }
+
+  depends_on = [google_project_service.services]
+}
+
+resource "google_monitoring_metric_descriptor" "notice" {
+  project      = var.project_id
+  type         = local.metric_types.notice
+  display_name = "lossspike notice"
+  description  = "Written each tick for each notify-severity check row (throughput_low, mfu_low, eval_regressed, token_drops, router_entropy, router_bias): 1, or 0 while silenced. Never read by the paging policy."
   metric_kind  = "GAUGE"
   value_type   = "INT64"
   unit         = "1"
@@ -37,7 +72,7 @@ resource "google_monitoring_metric_descriptor" "alert" {
   labels {
     key         = "reason"
     value_type  = "STRING"
-    description = "Paging verdict: spiking, not_finite or stalled."
+    description = "The notify check that fired."
   }
 
   depends_on = [google_project_service.services]
@@ -81,7 +116,8 @@ resource "time_sleep" "metrics_visible" {
   create_duration = "${var.metric_propagation_seconds}s"
 
   triggers = {
-    alert        = google_monitoring_metric_descriptor.alert.id
+    page         = google_monitoring_metric_descriptor.page.id
+    notice       = google_monitoring_metric_descriptor.notice.id
     runs_watched = google_monitoring_metric_descriptor.runs_watched.id
     failed_ticks = google_logging_metric.failed_ticks.id
   }
@@ -89,16 +125,90 @@ resource "time_sleep" "metrics_visible" {
 
 resource "google_monitoring_alert_policy" "loss_spike" {
   project               = var.project_id
-  display_name          = "lossspike: training loss spiking, not finite or stalled"
+  display_name          = "lossspike: a training run pages (loss or run health)"
   combiner              = "OR"
   notification_channels = var.notification_channels
   user_labels           = local.labels
 
   conditions {
-    display_name = "A run's paging verdict (spiking, not_finite, stalled)"
+    display_name = "A run has a paging verdict (one incident per run, whatever the reasons)"
 
     condition_threshold {
-      filter                  = "metric.type = \"${local.metric_types.alert}\" AND resource.type = \"global\""
+      filter                  = "metric.type = \"${local.metric_types.page}\" AND resource.type = \"global\""
+      comparison              = "COMPARISON_GT"
+      threshold_value         = 0.5
+      duration                = "0s"
+      evaluation_missing_data = "EVALUATION_MISSING_DATA_INACTIVE"
+
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_MAX"
+        cross_series_reducer = "REDUCE_MAX"
+        group_by_fields      = ["metric.label.cluster", "metric.label.run"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close = "${var.alert_auto_close_seconds}s"
+  }
+
+  # Policy documentation can insert labels (${metric.label.x}) but not values or times: the
+  # reasons firing now are the run's rows in the latest view, linked below.
+  documentation {
+    mime_type = "text/markdown"
+    content   = <<-EOT
+      Run **$${metric.label.run}** on cluster **$${metric.label.cluster}** pages. One incident per run: it stays
+      open while any paging reason fires, and a change of reason does not open another.
+
+      Which reasons fire now, with what they saw and the limit:
+
+      - ${local.dashboard_link}
+      - BigQuery: `${local.reasons_query}`
+
+      Paging reasons (the runbook has a section for each):
+
+      - `spiking`: the floor of the last ${var.recent_minutes} minutes of ${var.metric_name} rose above the
+        ${var.baseline_minutes}-minute baseline by more than max(${var.min_rise}, ${var.sigma} sigma).
+      - `not_finite`: a NaN, infinite or absurdly large loss in the recent window.
+      - `stalled`: the run has reported no loss for at least stall_minutes (a hung step, a stuck loader,
+        a crash without a restart).
+      - `level_shift`, `slow_divergence`, `instability`: the detectors beyond the seed rule (a shift against
+        a trend-aware baseline, a creep over ${var.divergence_minutes} minutes, a train of spikes).
+      - `loss_jump`, `grad_norm_high`, `steps_skipped`: run-health checks (the loss floor jumped by more than
+        ${var.loss_jump_limit}, ${var.grad_norm_metric} above ${var.grad_norm_limit}, at least
+        ${var.skipped_steps_limit} skipped steps in 15 minutes).
+
+      Runbook: ${local.runbook}
+
+      Silencing the run (`lossspike silence`) writes 0 and closes the incident; so does the run recovering.
+      A scheduled data-stage boundary or learning-rate rewarm: silence it ahead of time
+      (`lossspike silence RUN --until ...`).
+    EOT
+  }
+
+  depends_on = [time_sleep.metrics_visible]
+}
+
+# Notices (throughput or MFU below its floor, an evaluation loss that got worse, MoE drops and
+# router collapse) go to notify_channels only: with none set they open console incidents and reach
+# nobody, and they never reach notification_channels, the pager.
+resource "google_monitoring_alert_policy" "notice" {
+  project               = var.project_id
+  display_name          = "lossspike: run-health notice (does not page)"
+  combiner              = "OR"
+  notification_channels = var.notify_channels
+  user_labels           = merge(local.labels, { severity = "notify" })
+
+  conditions {
+    display_name = "A run-health notice (one incident per run and reason)"
+
+    condition_threshold {
+      filter                  = "metric.type = \"${local.metric_types.notice}\" AND resource.type = \"global\""
       comparison              = "COMPARISON_GT"
       threshold_value         = 0.5
       duration                = "0s"
@@ -121,24 +231,19 @@ resource "google_monitoring_alert_policy" "loss_spike" {
     auto_close = "${var.alert_auto_close_seconds}s"
   }
 
-  # Policy documentation can insert labels (${metric.label.x}) but not values or times.
   documentation {
     mime_type = "text/markdown"
     content   = <<-EOT
-      Run **$${metric.label.run}** on cluster **$${metric.label.cluster}** reports **$${metric.label.reason}**.
+      Run **$${metric.label.run}** on cluster **$${metric.label.cluster}**: **$${metric.label.reason}** (a notice,
+      not a page).
 
-      - `spiking`: the floor of the last ${var.recent_minutes} minutes of ${var.metric_name} rose above the
-        ${var.baseline_minutes}-minute baseline by more than max(${var.min_rise}, ${var.sigma} sigma): a sustained
-        divergence, not a single skipped step.
-      - `not_finite`: a NaN, infinite or absurdly large loss in the recent window.
-      - `stalled`: the run has reported no loss for at least stall_minutes (a hung step, a stuck loader,
-        a crash without a restart).
+      - `throughput_low`, `mfu_low`: most minutes of the last 15 ran below the floor you set.
+      - `eval_regressed`: the newest evaluation loss (${var.eval_metric}) is above the one before it.
+      - `token_drops`, `router_entropy`, `router_bias`: MoE routing is dropping tokens or collapsing.
+
+      What it saw and the limit: ${local.dashboard_link}; BigQuery: `${local.reasons_query}`
 
       Runbook: ${local.runbook}
-
-      The run's job ID and the window statistics behind the verdict are in `${local.alerts_table_id}` and
-      `${var.project_id}.${var.dataset_id}.loss_spike_latest`. Silencing the run (`lossspike silence`)
-      writes 0 and closes the incident; so does the run recovering.
     EOT
   }
 

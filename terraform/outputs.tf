@@ -49,14 +49,15 @@ output "telemetry_table" {
 }
 
 output "metric_types" {
-  description = "Custom metric types the evaluator writes (alert, runs_watched)."
+  description = "Custom metric types the evaluator writes (page, notice, runs_watched)."
   value       = local.metric_types
 }
 
 output "alert_policies" {
-  description = "IDs of the per-run policy, the evaluator-heartbeat policy and the failing-ticks policy."
+  description = "IDs of the per-run paging policy, the notice policy, the evaluator-heartbeat policy and the failing-ticks policy."
   value = {
     loss_spike   = google_monitoring_alert_policy.loss_spike.name
+    notice       = google_monitoring_alert_policy.notice.name
     heartbeat    = google_monitoring_alert_policy.heartbeat.name
     failed_ticks = google_monitoring_alert_policy.failed_ticks.name
   }

@@ -286,6 +286,297 @@ variable "stall_minutes" {
 }
 
 # ---------------------------------------------------------------------------------------------
+# The detectors beyond the seed rule (README, "Detectors"); LOSSSPIKE_* of the same names
+# ---------------------------------------------------------------------------------------------
+
+variable "detectors" {
+  description = "Detectors beyond the seed rule: \"all\", \"none\" or a comma list of level_shift, slow_divergence, instability."
+  type        = string
+  default     = "all"
+
+  validation {
+    condition     = contains(["all", "none"], var.detectors) || alltrue([for d in split(",", var.detectors) : contains(["level_shift", "slow_divergence", "instability"], trimspace(d))])
+    error_message = "The detectors must be \"all\", \"none\" or a comma list of level_shift, slow_divergence, instability."
+  }
+}
+
+variable "attempts" {
+  description = "Which attempts (execution UIDs) a run's loss windows read: \"newest\" (a restart's rewind never pages) or \"all\" (the seed rule's reading)."
+  type        = string
+  default     = "newest"
+
+  validation {
+    condition     = contains(["newest", "all"], var.attempts)
+    error_message = "The attempts must be \"newest\" or \"all\"."
+  }
+}
+
+variable "shift_min_rise" {
+  description = "level_shift: smallest rise over the local level that counts."
+  type        = number
+  default     = 0.1
+
+  validation {
+    condition     = var.shift_min_rise >= 0
+    error_message = "The shift_min_rise must not be negative."
+  }
+}
+
+variable "shift_sigma" {
+  description = "level_shift: robust minute-to-minute spreads above the local level."
+  type        = number
+  default     = 6.0
+
+  validation {
+    condition     = var.shift_sigma >= 0
+    error_message = "The shift_sigma must not be negative."
+  }
+}
+
+variable "divergence_min_rise" {
+  description = "slow_divergence: rise over the horizon's best level that pages."
+  type        = number
+  default     = 0.15
+
+  validation {
+    condition     = var.divergence_min_rise >= 0
+    error_message = "The divergence_min_rise must not be negative."
+  }
+}
+
+variable "divergence_minutes" {
+  description = "slow_divergence: the horizon, in minutes (at most 1440, the longest the tick reads)."
+  type        = number
+  default     = 180
+
+  validation {
+    condition     = var.divergence_minutes >= 1 && var.divergence_minutes <= 1440 && floor(var.divergence_minutes) == tonumber(var.divergence_minutes)
+    error_message = "The divergence_minutes must be a whole number from 1 to 1440."
+  }
+}
+
+variable "instability_sigma" {
+  description = "instability: within-minute spreads an excursion clears."
+  type        = number
+  default     = 6.0
+
+  validation {
+    condition     = var.instability_sigma >= 0
+    error_message = "The instability_sigma must not be negative."
+  }
+}
+
+variable "instability_min_rise" {
+  description = "instability: smallest excursion that counts."
+  type        = number
+  default     = 0.2
+
+  validation {
+    condition     = var.instability_min_rise >= 0
+    error_message = "The instability_min_rise must not be negative."
+  }
+}
+
+variable "instability_count" {
+  description = "instability: separate excursions in the window that page."
+  type        = number
+  default     = 3
+
+  validation {
+    condition     = var.instability_count >= 1 && floor(var.instability_count) == tonumber(var.instability_count)
+    error_message = "The instability_count must be a whole number, at least 1."
+  }
+}
+
+variable "max_recent_minutes" {
+  description = "How far the recent window widens for a run that steps slower than it allows (at most 1440)."
+  type        = number
+  default     = 15
+
+  validation {
+    condition     = var.max_recent_minutes >= 1 && var.max_recent_minutes <= 1440 && floor(var.max_recent_minutes) == tonumber(var.max_recent_minutes)
+    error_message = "The max_recent_minutes must be a whole number from 1 to 1440."
+  }
+}
+
+# ---------------------------------------------------------------------------------------------
+# Run-health checks (SPEC.md, "Run health beyond loss"); LOSSSPIKE_* of the same names
+# ---------------------------------------------------------------------------------------------
+
+variable "checks" {
+  description = "Run-health checks: \"\" (the default set: loss_jump, grad_norm_high, steps_skipped, eval_regressed), \"all\", \"none\" or a comma list. A model-specific check also needs its threshold."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = contains(["", "all", "none"], var.checks) || alltrue([for c in split(",", var.checks) : contains(["loss_jump", "grad_norm_high", "steps_skipped", "eval_regressed", "throughput_low", "mfu_low", "token_drops", "router_entropy", "router_bias"], trimspace(c))])
+    error_message = "The checks must be \"\", \"all\", \"none\" or a comma list of loss_jump, grad_norm_high, steps_skipped, eval_regressed, throughput_low, mfu_low, token_drops, router_entropy, router_bias."
+  }
+}
+
+variable "loss_jump_limit" {
+  description = "loss_jump (page): recent loss floor minus baseline floor that fires."
+  type        = number
+  default     = 1.0
+
+  validation {
+    condition     = var.loss_jump_limit >= 0
+    error_message = "The loss_jump_limit must not be negative."
+  }
+}
+
+variable "grad_norm_limit" {
+  description = "grad_norm_high (page): newest gradient norm above this fires."
+  type        = number
+  default     = 2.0
+
+  validation {
+    condition     = var.grad_norm_limit >= 0
+    error_message = "The grad_norm_limit must not be negative."
+  }
+}
+
+variable "skipped_steps_limit" {
+  description = "steps_skipped (page): skipped steps in 15 minutes that fire."
+  type        = number
+  default     = 3.0
+
+  validation {
+    condition     = var.skipped_steps_limit >= 0
+    error_message = "The skipped_steps_limit must not be negative."
+  }
+}
+
+variable "throughput_floor" {
+  description = "throughput_low (notify): tokens per second below this. null (the default) keeps the check off: the right value depends on the model and hardware."
+  type        = number
+  default     = null
+}
+
+variable "mfu_floor" {
+  description = "mfu_low (notify): MFU in percent below this. null (the default) keeps the check off: the right value depends on the model and hardware."
+  type        = number
+  default     = null
+}
+
+variable "token_drop_limit" {
+  description = "token_drops (notify): MoE drop fraction above this (Marin: 0.07). null (the default) keeps the check off: the right value depends on the model and hardware."
+  type        = number
+  default     = null
+}
+
+variable "router_entropy_limit" {
+  description = "router_entropy (notify): routing entropy below this (Marin: 5.92 for 384 experts). null (the default) keeps the check off: the right value depends on the model and hardware."
+  type        = number
+  default     = null
+}
+
+variable "router_bias_limit" {
+  description = "router_bias (notify): largest absolute router bias above this (Marin: 400). null (the default) keeps the check off: the right value depends on the model and hardware."
+  type        = number
+  default     = null
+}
+
+variable "grad_norm_metric" {
+  description = "Telemetry metric name the grad_norm_high check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "grad_norm_total"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.grad_norm_metric))
+    error_message = "The grad_norm_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "skipped_steps_metric" {
+  description = "Telemetry metric name the steps_skipped check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "optim_skipped_step"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.skipped_steps_metric))
+    error_message = "The skipped_steps_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "eval_metric" {
+  description = "Telemetry metric name the eval_regressed check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "eval_paloma_macro_loss"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.eval_metric))
+    error_message = "The eval_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "throughput_metric" {
+  description = "Telemetry metric name the throughput_low check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "throughput_tokens_per_second"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.throughput_metric))
+    error_message = "The throughput_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "mfu_metric" {
+  description = "Telemetry metric name the mfu_low check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "throughput_mfu"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.mfu_metric))
+    error_message = "The mfu_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "token_drops_metric" {
+  description = "Telemetry metric name the token_drops check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "moe_drop_fraction"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.token_drops_metric))
+    error_message = "The token_drops_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "router_entropy_metric" {
+  description = "Telemetry metric name the router_entropy check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "train_router_routing_entropy_mean"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.router_entropy_metric))
+    error_message = "The router_entropy_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "router_bias_max_metric" {
+  description = "Telemetry metric name the router_bias (upper bound) check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "train_router_bias_max"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.router_bias_max_metric))
+    error_message = "The router_bias_max_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+variable "router_bias_min_metric" {
+  description = "Telemetry metric name the router_bias (lower bound) check reads (changing it rebuilds the rollup view)."
+  type        = string
+  default     = "train_router_bias_min"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.router_bias_min_metric))
+    error_message = "The router_bias_min_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
+# ---------------------------------------------------------------------------------------------
 # Function and schedule
 # ---------------------------------------------------------------------------------------------
 
@@ -373,13 +664,35 @@ variable "metric_prefix" {
 }
 
 variable "notification_channels" {
-  description = "Cloud Monitoring notification channel IDs (projects/P/notificationChannels/N) both alert policies notify."
+  description = "Cloud Monitoring notification channel IDs (projects/P/notificationChannels/N) the paging policies notify: a run that pages, a silent evaluator, failing ticks."
   type        = list(string)
   default     = []
 
   validation {
     condition     = alltrue([for c in var.notification_channels : can(regex("^projects/[^/]+/notificationChannels/[^/]+$", c))])
     error_message = "Each notification channel must be \"projects/PROJECT/notificationChannels/ID\"."
+  }
+}
+
+variable "notify_channels" {
+  description = "Cloud Monitoring notification channel IDs the notify policy (throughput, MFU, evaluation loss, MoE notices) notifies. Empty (the default): the notices open incidents in the console and reach nobody; they never go to notification_channels, the pager."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for c in var.notify_channels : can(regex("^projects/[^/]+/notificationChannels/[^/]+$", c))])
+    error_message = "Each notify channel must be \"projects/PROJECT/notificationChannels/ID\"."
+  }
+}
+
+variable "grafana_dashboard_url" {
+  description = "URL of the imported lossspike Grafana dashboard (grafana/dashboard.json), linked from every page with the run selected; empty links nothing and the page points at the latest view instead."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.grafana_dashboard_url == "" || can(regex("^https?://[^?#]+$", var.grafana_dashboard_url))
+    error_message = "The grafana_dashboard_url must be empty or an http(s) URL without a query string."
   }
 }
 
@@ -487,7 +800,7 @@ variable "rollup_refresh_interval_minutes" {
 }
 
 variable "rollup_since" {
-  description = "Fixed lower bound of the rollup view, \"YYYY-MM-DD hh:mm:ss\" UTC; empty means an hour before the baseline of the apply that (re)builds it."
+  description = "Fixed lower bound of the rollup view, \"YYYY-MM-DD hh:mm:ss\" UTC; empty means an hour before the longest horizon a tick reads (a day, for the evaluation loss) at the apply that (re)builds it."
   type        = string
   default     = ""
 

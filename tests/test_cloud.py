@@ -23,10 +23,11 @@ from servers import bigquery as bqserver
 from servers import monitoring as monserver
 from servers.proxy import Faults, faulty_proxy
 
+from lossspike.checks import CHECK_REASONS
 from lossspike.function import bigquery_backend
-from lossspike.rule import Thresholds
+from lossspike.rule import REASONS, Thresholds
 from lossspike.settings import OPTIONS
-from lossspike.sql import Selection
+from lossspike.sql import CHECK_METRICS, Selection
 
 PROJECT = "lossspike-cloud"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -152,14 +153,12 @@ def test_tick_end_to_end(emulator, monitoring, monkeypatch, capsys):
     stored = deployment.alert_rows()
     assert_rows_match(sorted(stored, key=lambda r: (r["cluster"], r["run"])), want)
 
-    # One point per paging run, labelled {cluster, run, reason}; none for healthy or warming-up runs.
-    latest = {
-        (k.labels["cluster"], k.labels["run"], k.labels["reason"]): p
-        for k, p in _series(monitoring).items()
-        if k.labels
-    }
-    assert set(latest) == {(r["cluster"], r["run"], r["reason"]) for r in paging}
-    assert all(set(k.labels) == {"cluster", "run", "reason"} for k in _series(monitoring) if k.labels)
+    # One point per paging run, labelled {cluster, run} (no reason); none for healthy or warming-up runs.
+    latest = {(k.labels["cluster"], k.labels["run"]): p for k, p in _series(monitoring).items() if k.labels}
+    assert set(latest) == {(r["cluster"], r["run"]) for r in paging}
+    assert all(
+        k.type.endswith("/page") and set(k.labels) == {"cluster", "run"} for k in _series(monitoring) if k.labels
+    )
     assert all(p.value == 1 and p.end_time_ns == int(NOW.timestamp()) * 1_000_000_000 for p in latest.values())
     heartbeat = [p for k, p in _series(monitoring).items() if k.type.endswith("/runs_watched")]
     assert [p.value for p in heartbeat] == [len(want)]
@@ -309,6 +308,22 @@ BAD_VALUES = {
     "LOSSSPIKE_MIN_BASELINE_SAMPLES": "20.5",
     "LOSSSPIKE_MIN_RECENT_SAMPLES": "five",
     "LOSSSPIKE_REFERENCE": "max",
+    "LOSSSPIKE_DETECTORS": "spiking",
+    "LOSSSPIKE_ATTEMPTS": "oldest",
+    "LOSSSPIKE_CHECKS": "grad_norm",
+    "LOSSSPIKE_DIVERGENCE_MINUTES": "0",
+    "LOSSSPIKE_MAX_RECENT_MINUTES": "1441",
+    "LOSSSPIKE_INSTABILITY_COUNT": "0",
+    **{
+        f"LOSSSPIKE_{name}": "-1"
+        for name in ("SHIFT_MIN_RISE", "SHIFT_SIGMA", "DIVERGENCE_MIN_RISE", "INSTABILITY_SIGMA")
+        + ("INSTABILITY_MIN_RISE", "LOSS_JUMP_LIMIT", "GRAD_NORM_LIMIT", "SKIPPED_STEPS_LIMIT")
+    },
+    **{
+        f"LOSSSPIKE_{name}": "nan"
+        for name in ("THROUGHPUT_FLOOR", "MFU_FLOOR", "TOKEN_DROP_LIMIT", "ROUTER_ENTROPY_LIMIT", "ROUTER_BIAS_LIMIT")
+    },
+    **{f"LOSSSPIKE_{key.upper()}_METRIC": " " for key in CHECK_METRICS},
 }
 
 
@@ -350,7 +365,16 @@ def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
     for _ in range(2):
         response = http.post("/", headers=SCHEDULE_HEADER)
         assert response.status_code == 200, response.json
-    assert response.json["counts"] == {"not_finite": 1, "stalled": 1, "warming_up": 1, "spiking": 2, "healthy": 2}
+    counts = response.json["counts"]
+    # Every reason is counted, the checks' too; the demo fleet fires no check.
+    assert set(counts) == {*REASONS, *CHECK_REASONS}
+    assert {r: n for r, n in counts.items() if n} == {
+        "not_finite": 1,
+        "stalled": 1,
+        "warming_up": 1,
+        "spiking": 2,
+        "healthy": 2,
+    }
     assert set(response.json["sinks"]) == {"alerts_table"}
     sys.modules["main"]._BACKEND[0].store.close()
     import duckdb
@@ -380,11 +404,11 @@ def test_cold_start_imports_only_what_a_tick_needs():
 # --- The Monitoring sink against the fake's refusals (real client, real gRPC) -------------
 
 
-def _paging_rows(runs: int, reason: str = "not_finite", cluster: str = "c1", prefix: str = "hero-") -> list[dict]:
-    return [
-        {"evaluated_at": NOW, "cluster": cluster, "run": f"{prefix}{i:05d}", "job": "", "reason": reason, "value": 1}
-        for i in range(runs)
-    ]
+def _paging_rows(
+    runs: int, reason: str = "not_finite", cluster: str = "c1", prefix: str = "hero-", severity: str = "page"
+) -> list[dict]:
+    row = {"evaluated_at": NOW, "cluster": cluster, "job": "", "reason": reason, "value": 1, "severity": severity}
+    return [{**row, "run": f"{prefix}{i:05d}"} for i in range(runs)]
 
 
 def _sink(monitoring):
@@ -440,13 +464,13 @@ def test_rerun_names_the_series_that_kept_a_different_value(monitoring):
     first = _paging_rows(2)
     assert sink.write(first, NOW)["ok"]
     # Late telemetry: the re-run of the minute sees a third run, and the first one silenced.
-    again = [{**first[0], "silenced": True}, first[1], *_paging_rows(1, prefix="hero-late-")]
+    again = [{**first[0], "silenced": True, "value": 0}, first[1], *_paging_rows(1, prefix="hero-late-")]
     outcome = sink.write(again, NOW)
     assert outcome["ok"] is True and outcome["written"] == 0
     assert outcome["already_written"] == 2 and outcome["kept_different"] == 2
     assert outcome["kept_different_series"] == [
         "runs_watched kept 2, not 3",
-        "alert{cluster=c1,run=hero-00000,reason=not_finite} kept 1, not 0",
+        "page{cluster=c1,run=hero-00000} kept 1, not 0",
     ]
     assert outcome.get("failed") == 0  # the new run's series was written by the partial request
 
@@ -467,14 +491,96 @@ def test_only_paging_reasons_get_a_point_and_silenced_runs_get_0(monitoring):
     rows = [
         *_paging_rows(1, "spiking", prefix="hero-s"),
         {**_paging_rows(1, "not_finite", prefix="hero-q")[0], "silenced": True, "value": 0},
-        *_paging_rows(1, "healthy", prefix="hero-h"),
-        *_paging_rows(1, "warming_up", prefix="hero-w"),
+        *_paging_rows(1, "healthy", prefix="hero-h", severity=""),
+        *_paging_rows(1, "warming_up", prefix="hero-w", severity=""),
+    ]
+    assert sink.write(rows, NOW)["ok"]
+    got = {(_short(p), p.series.metric.labels.get("run")): p.value for p in monitoring.points}
+    assert got == {("runs_watched", None): 4, ("page", "hero-s00000"): 1, ("page", "hero-q00000"): 0}
+
+
+def _short(point) -> str:
+    return point.series.metric.type.rsplit("/", 1)[1]
+
+
+def _check_row(run: str, reason: str, severity: str, value: int = 1, at: datetime = NOW) -> dict:
+    return {
+        "evaluated_at": at,
+        "cluster": "c1",
+        "run": run,
+        "job": "",
+        "reason": reason,
+        "value": value,
+        "severity": severity,
+    }
+
+
+def test_a_run_pages_once_whatever_reasons_fire(monitoring):
+    # SPEC.md, "Run health beyond loss": a run's paging rows page once per run, not once per reason.
+    sink = _sink(monitoring)
+    rows = [
+        _check_row("hero-a", "spiking", "page"),
+        _check_row("hero-a", "grad_norm_high", "page"),
+        _check_row("hero-a", "steps_skipped", "page"),
+        _check_row("hero-b", "healthy", "", value=0),
+        _check_row("hero-b", "grad_norm_high", "page"),
+    ]
+    outcome = sink.write(rows, NOW)
+    assert outcome["ok"] and outcome["series"] == 3
+    got = [(_short(p), dict(p.series.metric.labels), p.value) for p in monitoring.points]
+    assert got == [
+        ("runs_watched", {}, 2),  # runs, not rows
+        ("page", {"cluster": "c1", "run": "hero-a"}, 1),
+        ("page", {"cluster": "c1", "run": "hero-b"}, 1),
+    ]
+
+
+def test_a_change_of_reason_inside_an_episode_is_the_same_series(monitoring):
+    sink = _sink(monitoring)
+    later = NOW + timedelta(minutes=1)
+    assert sink.write([_check_row("hero-a", "grad_norm_high", "page")], NOW)["ok"]
+    assert sink.write([_check_row("hero-a", "spiking", "page", at=later)], later)["ok"]
+    pages = [p for p in monitoring.points if _short(p) == "page"]
+    assert [p.value for p in pages] == [1, 1]
+    # One series, two points: Monitoring keeps one incident open across the change of reason.
+    assert len({monserver.series_key(p.series) for p in pages}) == 1
+
+
+def test_a_silence_of_one_scope_leaves_the_other_paging(monitoring):
+    # An override scoped to `loss` silences the loss row only (SPEC.md): a firing page check still pages.
+    sink = _sink(monitoring)
+    rows = [
+        {**_check_row("hero-a", "spiking", "page", value=0), "silenced": True},
+        _check_row("hero-a", "grad_norm_high", "page"),
+        {**_check_row("hero-b", "spiking", "page", value=0), "silenced": True},
+        {**_check_row("hero-b", "steps_skipped", "page", value=0), "silenced": True},
+    ]
+    assert sink.write(rows, NOW)["ok"]
+    got = {p.series.metric.labels["run"]: p.value for p in monitoring.points if _short(p) == "page"}
+    assert got == {"hero-a": 1, "hero-b": 0}
+
+
+def test_notify_rows_reach_only_the_notice_metric(monitoring):
+    sink = _sink(monitoring)
+    rows = [
+        _check_row("hero-a", "healthy", "", value=0),
+        _check_row("hero-a", "throughput_low", "notify"),
+        _check_row("hero-a", "eval_regressed", "notify"),
+        _check_row("hero-b", "spiking", "page"),
+        {**_check_row("hero-b", "mfu_low", "notify", value=0), "silenced": True},
     ]
     assert sink.write(rows, NOW)["ok"]
     got = {
-        (p.series.metric.labels.get("run"), p.series.metric.labels.get("reason")): p.value for p in monitoring.points
+        (_short(p), p.series.metric.labels.get("run"), p.series.metric.labels.get("reason")): p.value
+        for p in monitoring.points
     }
-    assert got == {(None, None): 4, ("hero-s00000", "spiking"): 1, ("hero-q00000", "not_finite"): 0}
+    assert got == {
+        ("runs_watched", None, None): 2,
+        ("page", "hero-b", None): 1,  # hero-a has only notices: no page series at all
+        ("notice", "hero-a", "throughput_low"): 1,
+        ("notice", "hero-a", "eval_regressed"): 1,
+        ("notice", "hero-b", "mfu_low"): 0,
+    }
 
 
 def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):

@@ -26,19 +26,27 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
+from lossspike.rule import NOTIFY, PAGING_REASONS, REASONS
 from lossspike.settings import Settings
 from lossspike.times import format_rfc3339
 
 DASHBOARD_TEXT = (REPO / "grafana" / "dashboard.json").read_text()
 DASHBOARD = json.loads(DASHBOARD_TEXT)
 RULES_TEXT = (REPO / "grafana" / "provisioning" / "alerting" / "lossspike.yaml").read_text()
+NOTICES_TEXT = (REPO / "grafana" / "provisioning" / "alerting" / "lossspike-notices.yaml").read_text()
 VIEW_TEMPLATE = (REPO / "terraform" / "sql" / "loss_spike_latest.sql").read_text()
 TICKS = 11
-PAGING_REASONS = ("spiking", "not_finite", "stalled")
-GRAFANA_ENV = {"LOSSSPIKE_GRAFANA_DATASOURCE_UID": "bq-uid", "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls"}
+LOSS_REASONS = (*REASONS,)
+NOTIFY_REASONS = tuple(reason for reason, (severity, _) in CHECKS.items() if severity == NOTIFY)
+GRAFANA_ENV = {
+    "LOSSSPIKE_GRAFANA_DATASOURCE_UID": "bq-uid",
+    "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls",
+    "LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT": "ml-notices",
+}
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
 # rendered here from its column contract so the loss panel can be run: per (cluster, run,
@@ -56,7 +64,7 @@ WITH samples AS (
     OVER (PARTITION BY run_cluster, run_id, execution_uid, minute)) AS loss_base
   FROM samples
 )
-SELECT run_cluster, run_id, execution_uid, minute, ANY_VALUE(loss_base) AS loss_base,
+SELECT run_cluster, run_id, execution_uid, minute, 'loss' AS metric, ANY_VALUE(loss_base) AS loss_base,
   COUNT(*) AS samples, COUNT(value) AS loss_samples,
   COUNT(*) FILTER (WHERE value IS NOT NULL AND NOT finite) AS loss_not_finite,
   COUNT(*) FILTER (WHERE finite) AS loss_finite,
@@ -134,6 +142,12 @@ def provision_rules(text: str, env: dict[str, str]) -> dict:
             rule["annotations"] = {k: _braced(str(v), env) for k, v in rule.get("annotations", {}).items()}
             for query in rule["data"]:
                 query["datasourceUid"] = _interpolate(str(query["datasourceUid"]), env)
+            if "notification_settings" in rule:
+                # NotificationSettingsV1: receiver is a StringValue, and an empty one is refused.
+                receiver = _interpolate(str(rule["notification_settings"]["receiver"]), env)
+                if not receiver:
+                    raise ValueError(f"rule '{rule['title']}' failed to parse: receiver must not be empty")
+                rule["notification_settings"]["receiver"] = receiver
     return doc
 
 
@@ -210,8 +224,13 @@ def the_rule() -> dict:
     return rule
 
 
-def rule_sql() -> str:
-    return next(d for d in the_rule()["data"] if d["refId"] == "A")["model"]["rawSql"]
+def notice_rule() -> dict:
+    [rule] = provision_rules(NOTICES_TEXT, GRAFANA_ENV)["groups"][0]["rules"]
+    return rule
+
+
+def rule_sql(rule: dict | None = None) -> str:
+    return next(d for d in (rule or the_rule())["data"] if d["refId"] == "A")["model"]["rawSql"]
 
 
 # --- dashboard ---------------------------------------------------------------------------------
@@ -221,7 +240,7 @@ def test_every_dashboard_query_targets_bigquery_with_a_numeric_format():
     targets = [t for p in DASHBOARD["panels"] for t in p["targets"]]
     targets.append(variable_def("run")["query"])
     targets.extend(a["target"] for a in DASHBOARD["annotations"]["list"])
-    assert len(targets) == 7
+    assert len(targets) == 9
     for target in targets:
         assert target["datasource"]["type"] == "grafana-bigquery-datasource"
         assert target["format"] in (0, 1) and isinstance(target["format"], int)
@@ -284,7 +303,7 @@ def test_latest_verdict_table_links_each_run_to_its_loss(warehouse):
     [link] = next(p for p in run["properties"] if p["id"] == "links")["value"]
     assert link["url"].startswith(f"/d/{DASHBOARD['uid']}?var-run=${{__value.raw}}")
     reasons = next(o for o in overrides if o["matcher"]["options"] == "reason")["properties"][0]["value"][0]
-    assert set(reasons["options"]) == {"healthy", "warming_up", *PAGING_REASONS}
+    assert set(reasons["options"]) == set(LOSS_REASONS)
 
 
 def test_evaluator_freshness_counts_seconds_since_the_newest_verdict(warehouse):
@@ -313,7 +332,7 @@ def test_state_timeline_has_one_state_per_run_and_tick(warehouse):
     assert len(rows) == 7 * TICKS - (TICKS - 7)
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
     mappings = panel("Verdict per run")["fieldConfig"]["defaults"]["mappings"][0]["options"]
-    assert {m["text"] for m in mappings.values()} == {"healthy", "warming_up", *PAGING_REASONS}
+    assert {m["text"] for m in mappings.values()} == set(LOSS_REASONS)
     latest = {r[1]: mappings[str(r[2])]["text"] for r in rows if r[0] == now}
     assert latest["us-central2/hero-qwen-32b"] == "spiking"
     assert latest["unknown/hero-gemma-2b"] == "not_finite"
@@ -364,23 +383,31 @@ def test_paging_episodes_are_annotation_regions(warehouse):
     runs = ["hero-qwen-32b", "hero-gemma-2b", "hero-llama-8b"]
     _, rows = run_bigquery_sql(connection, dashboard_sql(sql, now, runs))
     assert {(r[2], r[3]) for r in rows} == {
-        ("us-central2/hero-qwen-32b: spiking", "spiking"),
-        ("unknown/hero-gemma-2b: not_finite", "not_finite"),
+        ("us-central2/hero-qwen-32b: spiking", "page"),
+        ("unknown/hero-gemma-2b: not_finite", "page"),
     }
     # Both still page at the newest tick; a region runs from the first paging tick to the last.
     assert all(r[0] <= r[1] == now for r in rows)
-    # Ticks now-5m..now with now-3m missing from the pages: two regions.
+    # Ticks now-5m..now with now-3m missing from the pages: two regions. A check row that pages
+    # beside the loss row (now-1m) stays in the same episode, and the region names both reasons.
     connection.execute("CREATE SCHEMA IF NOT EXISTS p.gap")
     connection.execute(
         "CREATE OR REPLACE TABLE p.gap.loss_spike_alerts AS "
-        "SELECT * REPLACE (evaluated_at - to_minutes(m) AS evaluated_at) "
-        "FROM p.d.loss_spike_alerts, range(6) AS ticks(m) "
-        "WHERE run = 'hero-qwen-32b' AND evaluated_at = ? AND m != 3",
-        [now],
+        "SELECT a.* REPLACE (evaluated_at - to_minutes(m) AS evaluated_at) "
+        "FROM p.d.loss_spike_alerts AS a, range(6) AS ticks(m) "
+        "WHERE run = 'hero-qwen-32b' AND evaluated_at = ? AND m != 3 "
+        "UNION ALL SELECT * REPLACE (evaluated_at - INTERVAL 1 MINUTE AS evaluated_at, 'grad_norm_high' AS reason, "
+        "'grad_norm_total' AS metric) FROM p.d.loss_spike_alerts WHERE run = 'hero-qwen-32b' AND evaluated_at = ? "
+        # A notify row fires too, but is no page.
+        "UNION ALL SELECT * REPLACE (evaluated_at - INTERVAL 5 MINUTE AS evaluated_at, 'throughput_low' AS reason, "
+        "'notify' AS severity) FROM p.d.loss_spike_alerts WHERE run = 'hero-qwen-32b' AND evaluated_at = ?",
+        [now, now, now],
     )
     _, split = run_bigquery_sql(connection, dashboard_sql(sql, now, ["hero-qwen-32b"], dataset="gap"))
     minute = timedelta(minutes=1)
     assert [(r[0], r[1]) for r in split] == [(now - 5 * minute, now - 4 * minute), (now - 2 * minute, now)]
+    assert split[0][2] == "us-central2/hero-qwen-32b: spiking"
+    assert sorted(split[1][2].split(": ")[1].split(", ")) == ["grad_norm_high", "spiking"]
 
 
 def test_run_variable_lists_watched_runs_and_defaults_to_all(warehouse):
@@ -420,27 +447,56 @@ def test_the_page_links_its_dashboard_panel():
     assert next(p for p in DASHBOARD["panels"] if p["id"] == rule["panelId"])["title"].startswith("Latest verdict")
 
 
-def test_grafana_belief_alert_rule_returns_one_instance_per_run_and_reason(warehouse):
+def test_grafana_belief_alert_rule_returns_one_instance_per_run(warehouse):
     # Table data: one numeric column is the value, every string column a label, one row per
-    # instance (https://grafana.com/docs/grafana/latest/alerting/examples/table-data/).
+    # instance (https://grafana.com/docs/grafana/latest/alerting/examples/table-data/). Labels
+    # cluster and run only: a run pages once whatever reasons fire.
     connection, _ = warehouse
     rule = the_rule()
     query = next(d for d in rule["data"] if d["refId"] == "A")
     assert query["model"]["format"] == 1
     assert rule["noDataState"] == "Alerting" and rule["condition"] == "B"
-    assert "job" not in rule["labels"]
+    assert "job" not in rule["labels"] and rule["labels"]["severity"] == "page"
+    assert "notification_settings" not in rule  # pages go through the team's notification policy
     types, rows = run_bigquery_sql(connection, rule_sql())
     numeric = [t for t in types if t in ("INTEGER", "BIGINT", "DOUBLE", "HUGEINT")]
-    assert len(numeric) == 1 and types.count("VARCHAR") == 3  # cluster, run, reason: no job
-    instances = [(r[0], r[1], r[2]) for r in rows]
-    assert len(instances) == len(set(instances)) == 7 * len(PAGING_REASONS)
-    assert {r[2] for r in rows} == set(PAGING_REASONS)
-    firing = {(r[1], r[2]) for r in rows if r[3] == 1}
+    assert len(numeric) == 1 and types.count("VARCHAR") == 2  # cluster, run: no reason, no job
+    instances = [(r[0], r[1]) for r in rows]
+    assert len(instances) == len(set(instances)) == 7
+    firing = {r[1] for r in rows if r[2] == 1}
     # hero-phi-3 spikes too, but the demo's override silenced it: value 0, no page.
-    assert firing == {("hero-qwen-32b", "spiking"), ("hero-gemma-2b", "not_finite"), ("hero-deepseek", "stalled")}
+    assert firing == {"hero-qwen-32b", "hero-gemma-2b", "hero-deepseek"}
     threshold = next(d for d in rule["data"] if d["refId"] == "B")["model"]
     assert threshold["type"] == "threshold"
     assert threshold["conditions"][0]["evaluator"] == {"type": "gt", "params": [0.5]}
+
+
+def _with_rows(extra: str) -> str:
+    """The latest view plus rows made from hero-qwen-32b's loss row (`extra`: a REPLACE list)."""
+    return (
+        "SELECT * FROM p.d.loss_spike_latest UNION ALL "
+        f"SELECT * REPLACE ({extra}) FROM p.d.loss_spike_latest WHERE run = 'hero-qwen-32b'"
+    )
+
+
+def test_a_run_with_two_paging_reasons_is_one_instance_and_a_change_of_reason_the_same(warehouse):
+    connection, _ = warehouse
+    check = "'grad_norm_high' AS reason, 'page' AS severity, 'grad_norm_total' AS metric, 9.5 AS observed"
+    with rule_view(connection, _with_rows(check)):
+        _, both = run_bigquery_sql(connection, rule_sql())
+    # The loss row healthy, the check still paging: the same instance, still firing.
+    changed = (
+        "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 'healthy', reason) AS reason,"
+        " IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
+    )
+    with rule_view(
+        connection,
+        f"{changed} UNION ALL SELECT * REPLACE ({check}) FROM p.d.loss_spike_latest WHERE run = 'hero-qwen-32b'",
+    ):
+        _, after = run_bigquery_sql(connection, rule_sql())
+    for rows in (both, after):
+        assert [r for r in rows if r[1] == "hero-qwen-32b"] == [("us-central2", "hero-qwen-32b", 1)]
+        assert len(rows) == 7
 
 
 def test_alert_rule_does_not_page_a_silenced_run(warehouse):
@@ -449,7 +505,116 @@ def test_alert_rule_does_not_page_a_silenced_run(warehouse):
     silenced = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
     with rule_view(connection, silenced):
         _, rows = run_bigquery_sql(connection, rule_sql())
-    assert {(r[1], r[2]) for r in rows if r[3] == 1} == {("hero-gemma-2b", "not_finite"), ("hero-deepseek", "stalled")}
+    assert {r[1] for r in rows if r[2] == 1} == {"hero-gemma-2b", "hero-deepseek"}
+
+
+def test_a_row_from_before_the_severity_column_still_pages(warehouse):
+    # Fails toward paging across an upgrade: the previous release wrote value 1 only for paging reasons.
+    connection, _ = warehouse
+    old = "SELECT * REPLACE (CAST(NULL AS VARCHAR) AS severity) FROM p.d.loss_spike_latest"
+    with rule_view(connection, old):
+        _, rows = run_bigquery_sql(connection, rule_sql())
+    assert {r[1] for r in rows if r[2] == 1} == {"hero-qwen-32b", "hero-gemma-2b", "hero-deepseek"}
+
+
+def test_notify_rows_reach_only_the_notice_rule(warehouse):
+    connection, _ = warehouse
+    notice = "'throughput_low' AS reason, 'notify' AS severity, 'throughput_tokens_per_second' AS metric"
+    healthy = (
+        "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 'healthy', reason) AS reason,"
+        " IF(run = 'hero-qwen-32b', '', severity) AS severity, IF(run = 'hero-qwen-32b', 0, value) AS value)"
+        " FROM p.d.loss_spike_latest"
+    )
+    view = f"{healthy} UNION ALL SELECT * REPLACE ({notice}) FROM p.d.loss_spike_latest WHERE run = 'hero-qwen-32b'"
+    with rule_view(connection, view):
+        _, pages = run_bigquery_sql(connection, rule_sql())
+        types, notices = run_bigquery_sql(connection, rule_sql(notice_rule()))
+    # The paging rule: hero-qwen-32b has only a notice now, so it does not page.
+    assert ("us-central2", "hero-qwen-32b", 0) in pages
+    # The notice rule: one instance per run and notify reason; only the notify row fires, the
+    # loss reasons that page (gemma, deepseek) never reach it.
+    assert types.count("VARCHAR") == 3 and len(notices) == 7 * len(NOTIFY_REASONS)
+    assert {r[2] for r in notices} == set(NOTIFY_REASONS)
+    assert [(r[1], r[2]) for r in notices if r[3] == 1] == [("hero-qwen-32b", "throughput_low")]
+
+
+def _route(labels: dict[str, str], rule: dict, policy: dict) -> str:
+    """The contact point Grafana hands an alert to.
+
+    A rule with notification_settings goes straight to its receiver (simplified routing:
+    https://grafana.com/docs/grafana/latest/alerting/fundamentals/notifications/); otherwise the
+    notification policy tree: the first child route whose matchers all hold, else the default.
+    """
+    if "notification_settings" in rule:
+        return rule["notification_settings"]["receiver"]
+    for route in policy.get("routes", []):
+        if all(labels.get(key) == value for key, value in route["object_matchers"]):
+            return _route(labels, rule, route)
+    return policy["receiver"]
+
+
+# The worst tree for notices: the default contact point is the pager.
+PAGER_TREE = {"receiver": "pager", "routes": [{"receiver": "pager", "object_matchers": [("severity", "page")]}]}
+
+
+def test_grafana_belief_a_notice_reaches_no_pager():
+    notices = notice_rule()
+    labels = {**notices["labels"], "cluster": "c1", "run": "hero-a", "reason": "throughput_low"}
+    assert labels["severity"] == "notify"
+    assert _route(labels, notices, PAGER_TREE) == GRAFANA_ENV["LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT"]
+    pages = the_rule()
+    assert _route({**pages["labels"], "cluster": "c1", "run": "hero-a"}, pages, PAGER_TREE) == "pager"
+    # Without a contact point for notices, provisioning refuses the rule rather than guess one
+    # (rules_types.go, NotificationSettingsV1.mapToModel: "receiver must not be empty").
+    env = {k: v for k, v in GRAFANA_ENV.items() if k != "LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT"}
+    with pytest.raises(ValueError, match="receiver must not be empty"):
+        provision_rules(NOTICES_TEXT, env)
+    # A dead evaluator is the paging rule's alert, not a notice.
+    assert notices["noDataState"] == "OK"
+
+
+def test_the_notice_rule_provisions_like_the_paging_rule():
+    rule = notice_rule()
+    for query in rule["data"]:
+        assert "${" not in json.dumps(query["model"]), query["refId"]
+    assert rule["data"][0]["datasourceUid"] == "bq-uid"
+    assert rule["dashboardUid"] == DASHBOARD["uid"]
+    assert next(p for p in DASHBOARD["panels"] if p["id"] == rule["panelId"])["title"].startswith("Run-health checks")
+    assert rule["annotations"]["runbook_url"] == GRAFANA_ENV["LOSSSPIKE_RUNBOOK_URL"]
+    assert "{{ $labels.reason }}" in rule["annotations"]["summary"]
+
+
+def test_check_rows_show_observed_against_threshold_beside_the_loss(warehouse):
+    connection, now = warehouse
+    check = (
+        "'grad_norm_high' AS reason, 'page' AS severity, 'grad_norm_total' AS metric, 9.5 AS observed, 2.0 AS threshold"
+    )
+    connection.execute("CREATE SCHEMA IF NOT EXISTS p.checks")
+    connection.execute(f"CREATE OR REPLACE VIEW p.checks.loss_spike_latest AS {_with_rows(check)}")
+    connection.execute(
+        "CREATE OR REPLACE TABLE p.checks.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts UNION ALL "
+        f"SELECT * REPLACE ({check}) FROM p.d.loss_spike_alerts WHERE run = 'hero-qwen-32b'"
+    )
+    table = panel("Run-health checks firing now")
+    _, rows = run_bigquery_sql(connection, dashboard_sql(table["targets"][0]["rawSql"], now, dataset="checks"))
+    assert [(r[2], r[3], r[4], r[7], r[8], r[9]) for r in rows] == [
+        ("hero-qwen-32b", "grad_norm_high", "page", "grad_norm_total", 9.5, 2.0)
+    ]
+    # The verdict table keeps one loss row per run.
+    verdicts = panel("Latest verdict")["targets"][0]["rawSql"]
+    _, loss_rows = run_bigquery_sql(connection, dashboard_sql(verdicts, now, dataset="checks"))
+    assert len(loss_rows) == 7
+    beside = panel("Run-health checks against their limits")
+    loss = panel("Loss against the band")
+    assert beside["repeat"] == loss["repeat"] == "run" and beside["repeatDirection"] == loss["repeatDirection"] == "v"
+    assert (beside["gridPos"]["y"], beside["gridPos"]["x"]) == (
+        loss["gridPos"]["y"],
+        loss["gridPos"]["x"] + loss["gridPos"]["w"],
+    )
+    _, series = run_bigquery_sql(connection, dashboard_sql(beside["targets"][0]["rawSql"], now, dataset="checks"))
+    assert {r[1] for r in series} == {"us-central2 grad_norm_high observed", "us-central2 grad_norm_high threshold"}
+    assert len(series) == 2 * TICKS
+    assert {r[2] for r in series} == {9.5, 2.0}
 
 
 def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tmp_path):
@@ -467,7 +632,7 @@ def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tm
             _, rows = run_bigquery_sql(connection, rule_sql())
     finally:
         connection.execute("DETACH idle")
-    assert rows and all((r[0], r[1], r[3]) == ("fleet", "", 0) for r in rows)
+    assert rows == [("fleet", "", 0)]
 
 
 def test_macro_expansion_matches_the_datasource():
@@ -482,3 +647,37 @@ def test_macro_expansion_matches_the_datasource():
         "SELECT * FROM t WHERE created_at >= '2023-01-01T00:00:00Z' AND created_at <= '2023-01-02T00:00:00Z'"
     )
     assert os.environ.get("LOSSSPIKE_GRAFANA_DATASOURCE_UID") is None
+
+
+def test_the_runbook_every_page_links_has_a_section_per_reason():
+    # Both rules' annotations and every Cloud Monitoring policy link docs/runbook.md.
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    sections = set(re.findall(r"^\*\*`(\w+)`\*\* \((page|notify)", runbook, flags=re.MULTILINE))
+    paging_checks = {reason for reason, (severity, _) in CHECKS.items() if severity != NOTIFY}
+    want = {(r, "page") for r in (*PAGING_REASONS, *paging_checks)} | {(r, "notify") for r in NOTIFY_REASONS}
+    assert sections == want
+    # Scheduled shifts look like real ones: the runbook says to silence them ahead of time.
+    assert "lossspike silence hero-x --until" in runbook and "learning-rate rewarm" in runbook
+
+
+def test_the_latest_view_holds_every_row_of_the_newest_evaluation(warehouse):
+    # SPEC.md, "Data contracts": a check that stopped firing has no row there, and resolves.
+    connection, now = warehouse
+    check = "'grad_norm_high' AS reason, 'page' AS severity, 'grad_norm_total' AS metric"
+    connection.execute("CREATE SCHEMA IF NOT EXISTS p.resolve")
+    connection.execute(
+        "CREATE OR REPLACE TABLE p.resolve.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts UNION ALL "
+        # hero-qwen-32b's check fires at every tick; hero-gemma-2b's stopped firing a minute ago.
+        f"SELECT * REPLACE ({check}) FROM p.d.loss_spike_alerts WHERE run = 'hero-qwen-32b' UNION ALL "
+        f"SELECT * REPLACE ({check}) FROM p.d.loss_spike_alerts WHERE run = 'hero-gemma-2b' AND evaluated_at < ?",
+        [now],
+    )
+    connection.execute(f"CREATE OR REPLACE VIEW p.resolve.latest AS {_latest_view('p.resolve.loss_spike_alerts')}")
+    rows = connection.execute("SELECT run, reason, evaluated_at FROM p.resolve.latest ORDER BY run, reason").fetchall()
+    assert all(at == now for _, _, at in rows)
+    by_run = {}
+    for run, reason, _ in rows:
+        by_run.setdefault(run, []).append(reason)
+    assert by_run["hero-qwen-32b"] == ["grad_norm_high", "spiking"]
+    assert by_run["hero-gemma-2b"] == ["not_finite"]
+    assert len(rows) == 7 + 1

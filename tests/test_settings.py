@@ -7,16 +7,20 @@ import re
 import pytest
 from conftest import REPO
 
-from lossspike.rule import Thresholds
+from lossspike.rule import DETECTORS, Thresholds
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
-from lossspike.sql import Selection
+from lossspike.sql import CHECK_METRICS, Selection
+
+# The detector and check thresholds, each set to 7 (a value every one of them accepts) in one test.
+CHANGED_THRESHOLDS = tuple(Thresholds.__dataclass_fields__)[8:]  # after the seed rule's eight
 
 
 def test_defaults_are_the_spec():
     settings = load_settings({})
     assert settings == Settings()
     assert settings.thresholds == Thresholds(60, 5, 6.0, 0.05, 20, 5, "mean")
-    assert settings.selection == Selection("levanter", "train_loss", "hero-%", (), ())
+    assert settings.selection == Selection(service="levanter", metric="train_loss", run_pattern="hero-%")
+    assert (settings.detectors, settings.attempts, settings.checks) == (DETECTORS, "newest", None)
     assert not settings.monitoring_enabled
 
 
@@ -45,6 +49,11 @@ def test_every_variable_is_read():
         "LOSSSPIKE_MIN_RECENT_SAMPLES": "2",
         "LOSSSPIKE_REFERENCE": "floor",
         "LOSSSPIKE_STALL_MINUTES": "20",
+        "LOSSSPIKE_DETECTORS": "instability",
+        "LOSSSPIKE_ATTEMPTS": "all",
+        "LOSSSPIKE_CHECKS": "grad_norm_high,mfu_low",
+        **{f"LOSSSPIKE_{name.upper()}": "7" for name in CHANGED_THRESHOLDS},
+        **{f"LOSSSPIKE_{key.upper()}_METRIC": f"my_{key}" for key in CHECK_METRICS},
     }
     assert set(env) == {o.env for o in OPTIONS}
     s = load_settings(env)
@@ -57,8 +66,12 @@ def test_every_variable_is_read():
         False,
     )
     assert s.rollup_table == "my-proj.ds.minutes"
-    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20)
-    assert s.selection == Selection("lev", "loss", "big-%", ("a", "b"), ("e1",))
+    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20, **dict.fromkeys(CHANGED_THRESHOLDS, 7))
+    metrics = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
+    assert s.selection == Selection(
+        "lev", "loss", run_pattern="big-%", run_ids=("a", "b"), execution_uids=("e1",), **metrics
+    )
+    assert (s.detectors, s.attempts, s.checks) == (("instability",), "all", ("grad_norm_high", "mfu_low"))
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from lossspike.rule import Thresholds
-from lossspike.settings import load_settings
-from lossspike.sql import Selection, rollup_view_query, rollup_view_template
+from lossspike.checks import EVAL_LOOKBACK_MINUTES
+from lossspike.rule import PAGING_REASONS, Thresholds
+from lossspike.settings import OPTIONS, load_settings
+from lossspike.sql import CHECK_METRICS, Selection, rollup_view_query, rollup_view_template
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
@@ -40,7 +41,23 @@ THRESHOLD_VARS = {
     "min_recent_samples": 3,
     "reference": "floor",
     "stall_minutes": 20,
+    "shift_min_rise": 0.125,
+    "shift_sigma": 5.5,
+    "divergence_min_rise": 0.25,
+    "divergence_minutes": 240,
+    "instability_sigma": 7.0,
+    "instability_min_rise": 0.375,
+    "instability_count": 4,
+    "max_recent_minutes": 20,
+    "loss_jump_limit": 1.5,
+    "grad_norm_limit": 2.5,
+    "skipped_steps_limit": 5.0,
+    "throughput_floor": 150000.0,  # the other model-specific limits stay unset: their checks stay off
 }
+# Check metric names away from their defaults (lossspike.sql.Selection's *_metric fields).
+METRIC_VARS = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
+NOTIFY_CHANNEL = f"projects/{PROJECT}/notificationChannels/555"
+DASHBOARD_URL = "https://grafana.example.com/d/lossspike/lossspike"
 EXAMPLE_VARS = {
     "project_id": PROJECT,
     "region": "europe-west12",  # a two-digit region
@@ -59,7 +76,13 @@ EXAMPLE_VARS = {
     "runbook_url": "https://runbooks.example.com/lossspike",
     "telemetry_partition_type": "HOUR",
     "rollup_since": "2026-11-30 10:00:00",
+    "detectors": "level_shift,instability",
+    "attempts": "all",
+    "checks": "grad_norm_high,steps_skipped,throughput_low",
+    "notify_channels": [NOTIFY_CHANNEL],
+    "grafana_dashboard_url": DASHBOARD_URL,
     **THRESHOLD_VARS,
+    **METRIC_VARS,
 }
 
 # Every role the module may grant, and to whom (resource address -> (role, service account)).
@@ -263,8 +286,45 @@ def test_function_environment_is_what_the_variables_say_and_python_accepts(plan:
     assert settings.selection.run_pattern == EXAMPLE_VARS["run_pattern"]
     assert (settings.selection.metric, settings.selection.service) == ("loss", "levanter2")
     assert settings.thresholds == Thresholds(**THRESHOLD_VARS)
+    assert (settings.detectors, settings.attempts) == (("level_shift", "instability"), "all")
+    assert settings.checks == ("grad_norm_high", "steps_skipped", "throughput_low")
+    assert {name: getattr(settings.selection, name) for name in METRIC_VARS} == METRIC_VARS
+    # An unset model-specific limit is left out, so its check stays off.
+    assert "LOSSSPIKE_MFU_FLOOR" not in env and settings.thresholds.mfu_floor is None
     names = plan["planned_values"]["outputs"]["function_environment_variable_names"]["value"]
     assert names == sorted(env)
+
+
+# Settings the function takes from elsewhere than a variable of the same name: the backend and
+# tables are the module's own, the monitoring switch follows the backend, attempts are narrowed
+# per query by hand, never per deployment.
+NOT_VARIABLES = {
+    "backend": "always bigquery",
+    "database": "DuckDB only",
+    "project": "project_id",
+    "location": "bigquery_location",
+    "telemetry_table": "telemetry_table",
+    "alerts_table": "the module's table",
+    "rollup_table": "the module's view",
+    "monitoring": "on with bigquery",
+    "service": "service_name",
+    "metric": "metric_name",
+    "execution_uids": "a per-query narrowing, not a deployment setting",
+}
+
+
+def test_every_setting_is_a_variable_passed_to_the_function(plan: dict) -> None:
+    # Drift: a setting added to lossspike.settings.OPTIONS needs a Terraform variable of the same
+    # name that reaches the function as its LOSSSPIKE_* variable (or a line above saying why not).
+    variables = set(plan["configuration"]["root_module"]["variables"])
+    env = _after(plan, "google_cloudfunctions2_function.evaluator")["service_config"][0]["environment_variables"]
+    missing = [o.key for o in OPTIONS if o.key not in NOT_VARIABLES and o.key not in variables]
+    assert missing == [], f"settings without a Terraform variable: {missing}"
+    # Left out only where unset means the default: no run list, the default checks, a model-specific
+    # limit nobody set.
+    optional = {"run_ids", "checks", *(k for k, v in vars(Thresholds()).items() if v is None)}
+    absent = {o.key for o in OPTIONS if o.key not in NOT_VARIABLES and o.env not in env}
+    assert absent <= optional, absent
 
 
 def test_empty_run_ids_leave_the_variable_unset(workdir: Path) -> None:
@@ -296,6 +356,10 @@ def test_empty_run_ids_leave_the_variable_unset(workdir: Path) -> None:
         # A view takes no parameters: a value that would need quoting in its SQL is refused.
         ({"run_pattern": "hero-'x"}, "run_pattern must be non-empty"),
         ({"service_name": "lev anter"}, "service_name must be non-empty"),
+        ({"grad_norm_metric": "grad norm"}, "grad_norm_metric must be non-empty"),
+        ({"detectors": "level_shift,spiking"}, "The detectors must be"),
+        ({"checks": "grad_norm"}, "The checks must be"),
+        ({"divergence_minutes": 2000}, "whole number from 1 to 1440"),
     ],
 )
 def test_plan_refuses_bad_variables(workdir: Path, extra: dict, message: str) -> None:
@@ -381,7 +445,8 @@ def test_alert_table_layout(plan: dict) -> None:
     assert view["view"][0]["use_legacy_sql"] is False
     assert f"`{PROJECT}.lossspike.loss_spike_alerts`" in query
     assert re.search(r"WHERE evaluated_at >= TIMESTAMP_SUB\(CURRENT_TIMESTAMP\(\), INTERVAL \d+ HOUR\)", query)
-    assert "PARTITION BY cluster, run ORDER BY evaluated_at DESC" in query
+    # RANK, not ROW_NUMBER: every row of the newest evaluation (the loss row and each firing check).
+    assert "QUALIFY RANK() OVER (PARTITION BY cluster, run ORDER BY evaluated_at DESC) = 1" in query
 
 
 def test_optional_telemetry_table(plan: dict) -> None:
@@ -403,19 +468,27 @@ def test_optional_telemetry_table(plan: dict) -> None:
 
 
 PREFIX = EXAMPLE_VARS["metric_prefix"]
-POLICIES = ("loss_spike", "heartbeat", "failed_ticks")
+POLICIES = ("loss_spike", "notice", "heartbeat", "failed_ticks")
 
 
-def test_alert_metric_has_one_series_per_cluster_run_and_reason(plan: dict) -> None:
-    alert = _after(plan, "google_monitoring_metric_descriptor.alert")
-    assert alert["type"] == f"{PREFIX}/alert"
-    assert (alert["metric_kind"], alert["value_type"]) == ("GAUGE", "INT64")
-    # job is not a label: a new job ID would otherwise resolve the incident and open another.
-    assert {label["key"] for label in alert["labels"]} == {"cluster", "run", "reason"}
-    assert all(reason in alert["description"] for reason in ("spiking", "not_finite", "stalled"))
+def test_page_metric_has_one_series_per_run_and_notices_their_own(plan: dict) -> None:
+    page = _after(plan, "google_monitoring_metric_descriptor.page")
+    assert page["type"] == f"{PREFIX}/page"
+    assert (page["metric_kind"], page["value_type"]) == ("GAUGE", "INT64")
+    # No reason label: a run pages once whatever reasons fire (SPEC.md, "Run health beyond loss").
+    # No job label: a new job ID would otherwise resolve the incident and open another.
+    assert {label["key"] for label in page["labels"]} == {"cluster", "run"}
+    notice = _after(plan, "google_monitoring_metric_descriptor.notice")
+    assert notice["type"] == f"{PREFIX}/notice"
+    assert {label["key"] for label in notice["labels"]} == {"cluster", "run", "reason"}
     beat = _after(plan, "google_monitoring_metric_descriptor.runs_watched")
     assert beat["type"] == f"{PREFIX}/runs_watched"
     assert (beat["metric_kind"], beat["value_type"]) == ("GAUGE", "INT64")
+    assert plan["planned_values"]["outputs"]["metric_types"]["value"] == {
+        "page": f"{PREFIX}/page",
+        "notice": f"{PREFIX}/notice",
+        "runs_watched": f"{PREFIX}/runs_watched",
+    }
 
 
 def test_gcp_belief_policy_filters_name_metric_and_resource_type(plan: dict) -> None:
@@ -423,7 +496,9 @@ def test_gcp_belief_policy_filters_name_metric_and_resource_type(plan: dict) -> 
     # a condition's filter must name the metric type and the monitored resource type.
     # The function writes to the `global` resource; log-based metrics keep the log's resource.
     spike = _after(plan, "google_monitoring_alert_policy.loss_spike")["conditions"][0]["condition_threshold"][0]
-    assert spike["filter"] == f'metric.type = "{PREFIX}/alert" AND resource.type = "global"'
+    assert spike["filter"] == f'metric.type = "{PREFIX}/page" AND resource.type = "global"'
+    notice = _after(plan, "google_monitoring_alert_policy.notice")["conditions"][0]["condition_threshold"][0]
+    assert notice["filter"] == f'metric.type = "{PREFIX}/notice" AND resource.type = "global"'
     absent = _after(plan, "google_monitoring_alert_policy.heartbeat")["conditions"][0]["condition_absent"][0]
     assert absent["filter"] == f'metric.type = "{PREFIX}/runs_watched" AND resource.type = "global"'
     failed = _after(plan, "google_monitoring_alert_policy.failed_ticks")["conditions"][0]["condition_threshold"][0]
@@ -432,31 +507,68 @@ def test_gcp_belief_policy_filters_name_metric_and_resource_type(plan: dict) -> 
     )
 
 
-def test_gcp_belief_spike_policy_pages_per_run_and_closes_when_points_stop(plan: dict) -> None:
+def test_gcp_belief_paging_policy_pages_once_per_run_and_closes_when_points_stop(plan: dict) -> None:
     # Belief: only paging runs get points, so missing data must evaluate as false
     # (EVALUATION_MISSING_DATA_INACTIVE: "If there is no data to evaluate the condition, then
     # evaluate the condition as false", https://cloud.google.com/python/docs/reference/monitoring/
     # latest/google.cloud.monitoring_v3.types.AlertPolicy.Condition.EvaluationMissingData).
+    # An incident is opened per time series the condition's aggregation leaves: grouped by
+    # cluster and run only, a run is one incident whatever its reasons.
     spike = _after(plan, "google_monitoring_alert_policy.loss_spike")
     assert spike["notification_channels"] == [CHANNEL]
     cond = spike["conditions"][0]["condition_threshold"][0]
     assert (cond["comparison"], cond["threshold_value"]) == ("COMPARISON_GT", 0.5)
     assert cond["evaluation_missing_data"] == "EVALUATION_MISSING_DATA_INACTIVE"
     group = cond["aggregations"][0]["group_by_fields"]
-    assert sorted(group) == ["metric.label.cluster", "metric.label.reason", "metric.label.run"]
+    assert sorted(group) == ["metric.label.cluster", "metric.label.run"]
     assert spike["alert_strategy"][0]["auto_close"]
+
+
+def test_notices_reach_no_pager(plan: dict) -> None:
+    notice = _after(plan, "google_monitoring_alert_policy.notice")
+    assert notice["notification_channels"] == [NOTIFY_CHANNEL]
+    assert notice["user_labels"]["severity"] == "notify"
+    cond = notice["conditions"][0]["condition_threshold"][0]
+    assert sorted(cond["aggregations"][0]["group_by_fields"]) == [
+        "metric.label.cluster",
+        "metric.label.reason",
+        "metric.label.run",
+    ]
+    assert cond["evaluation_missing_data"] == "EVALUATION_MISSING_DATA_INACTIVE"
+    # Offline, as far as a plan can tell: the notice policy's channels come from notify_channels
+    # alone, whose default is empty, and no paging policy reads the notice metric or that variable.
+    config = _config(plan, "google_monitoring_alert_policy.notice")["expressions"]
+    assert _refs(config["notification_channels"]) == ["var.notify_channels"]
+    assert plan["configuration"]["root_module"]["variables"]["notify_channels"]["default"] == []
+    for name in ("loss_spike", "heartbeat", "failed_ticks"):
+        policy = _after(plan, f"google_monitoring_alert_policy.{name}")
+        assert NOTIFY_CHANNEL not in policy["notification_channels"]
+        assert "var.notify_channels" not in _refs(
+            _config(plan, f"google_monitoring_alert_policy.{name}")["expressions"]["notification_channels"]
+        )
+        assert f"{PREFIX}/notice" not in json.dumps(policy["conditions"])
 
 
 def test_every_page_links_the_runbook_and_names_the_run(plan: dict) -> None:
     docs = {p: _after(plan, f"google_monitoring_alert_policy.{p}")["documentation"][0]["content"] for p in POLICIES}
     assert all(EXAMPLE_VARS["runbook_url"] in text for text in docs.values())
+    # Belief: documentation content is at most 8,192 characters and 10,240 UTF-8 bytes
+    # (https://cloud.google.com/python/docs/reference/monitoring/latest/google.cloud.monitoring_v3.types.AlertPolicy.Documentation).
+    assert all(len(text) <= 8192 and len(text.encode()) <= 10240 for text in docs.values())
     spike = docs["loss_spike"]
     # Policy documentation substitutes ${metric.label.KEY} (a label, never a value or a time).
-    for label in ("run", "cluster", "reason"):
+    for label in ("run", "cluster"):
         assert "${metric.label." + label + "}" in spike
-    assert "${metric.label.job}" not in spike
+    assert "${metric.label.job}" not in spike and "${metric.label.reason}" not in spike
     assert "no loss for at least stall_minutes" in spike
-    assert all(f"`{reason}`" in spike for reason in ("spiking", "not_finite", "stalled"))
+    # The page names every paging reason and links where the firing ones are listed.
+    paging_checks = ("loss_jump", "grad_norm_high", "steps_skipped")
+    assert all(f"`{reason}`" in spike for reason in (*PAGING_REASONS, *paging_checks))
+    assert DASHBOARD_URL + "?var-run=${metric.label.run}" in spike
+    assert f"`{PROJECT}.lossspike.loss_spike_latest` WHERE cluster = '${{metric.label.cluster}}'" in spike
+    assert "lossspike silence RUN --until" in spike
+    notice = _after(plan, "google_monitoring_alert_policy.notice")["documentation"][0]["content"]
+    assert "${metric.label.reason}" in notice and DASHBOARD_URL in notice
 
 
 def test_a_deployment_that_never_succeeds_pages(plan: dict) -> None:
@@ -484,7 +596,8 @@ def test_gcp_belief_policies_wait_for_new_metrics(plan: dict) -> None:
     sleep = _config(plan, "time_sleep.metrics_visible")["expressions"]["triggers"]
     refs = set(_refs(sleep))
     assert {
-        "google_monitoring_metric_descriptor.alert.id",
+        "google_monitoring_metric_descriptor.page.id",
+        "google_monitoring_metric_descriptor.notice.id",
         "google_monitoring_metric_descriptor.runs_watched.id",
         "google_logging_metric.failed_ticks.id",
     } <= refs
@@ -515,7 +628,7 @@ def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: d
     # side defines, for the run list's covering pattern ('%' with run_ids) and the fixed start.
     want = rollup_view_query(
         EXAMPLE_VARS["telemetry_table"],
-        Selection(service="levanter2", metric="loss", run_pattern="%"),
+        Selection(service="levanter2", metric="loss", run_pattern="%", **METRIC_VARS),
         datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
     )
     mv = view["materialized_view"][0]
@@ -524,7 +637,8 @@ def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: d
     # A partitioned view must use its base table's granularity (BigQuery's rule, cited in bigquery.tf).
     assert view["time_partitioning"][0]["type"] == EXAMPLE_VARS["telemetry_partition_type"]
     assert view["time_partitioning"][0]["field"] == "minute"
-    assert view["clustering"] == ["run_id", "minute"]
+    # The tick's read filters the metric role, then a minute range (lossspike.sql): both lead.
+    assert view["clustering"] == ["metric", "minute", "run_id"]
     assert view["table_id"] == "loss_spike_minutes"
 
 
@@ -536,3 +650,73 @@ def test_overrides_table_has_the_python_schema(plan: dict) -> None:
     table = _after(plan, "google_bigquery_table.overrides")
     assert table["table_id"] == "loss_spike_overrides"
     assert json.loads(table["schema"]) == json.loads((REPO / "lossspike" / "overrides_schema.json").read_text())
+
+
+def _console(workdir: Path, expression: str, *extra: str) -> str:
+    console = subprocess.run(
+        [str(TERRAFORM), "console", "-var-file=example.tfvars.json", *extra],
+        cwd=workdir,
+        env=_env(),
+        input=expression + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert console.returncode == 0, console.stderr
+    return console.stdout.strip()
+
+
+def test_a_rebuilt_view_holds_the_longest_horizon_a_tick_reads(workdir: Path) -> None:
+    # SPEC.md: the view keeps at least the longest horizon a detector reads, also right after a
+    # rebuild; the evaluation loss's lookback (a day) is the longest by default.
+    assert int(_console(workdir, "local.rollup_horizon_minutes")) == EVAL_LOOKBACK_MINUTES
+    # The lower bound, when not pinned, is an hour before that horizon.
+    since = _console(workdir, "local.rollup_since", "-var", "rollup_since=")
+    assert since == "(known after apply)" or re.fullmatch(r'"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"', since)
+
+
+# BigQuery takes new NULLABLE columns and REQUIRED -> NULLABLE relaxations in place ("Modifying
+# table schemas", https://cloud.google.com/bigquery/docs/managing-table-schemas); the google
+# provider updates the table in place for those changes and replaces it (losing every row) for a
+# new REQUIRED column, a type change or any other mode change (resourceBigQueryTableSchemaIsChangeable
+# and bigQueryTableModeIsForceNew, hashicorp/terraform-provider-google, google/resource_bigquery_table.go
+# at 8fa339ef and google/services/bigquery/resource_bigquery_table.go at 00b984c6; the newer one also
+# drops top-level columns in place, which this module never does).
+_SAME_TYPES = [{"INTEGER", "INT64"}, {"FLOAT", "FLOAT64"}, {"BOOLEAN", "BOOL"}]
+
+
+def _updates_in_place(old: list[dict], new: list[dict]) -> bool:
+    def same_type(a: str, b: str) -> bool:
+        return a.upper() == b.upper() or any({a.upper(), b.upper()} <= group for group in _SAME_TYPES)
+
+    before = {c["name"]: c for c in old}
+    after = {c["name"]: c for c in new}
+    if not set(before) <= set(after):
+        return False
+    for name, column in after.items():
+        mode = column.get("mode", "NULLABLE").upper()
+        if name not in before:
+            if mode == "REQUIRED":
+                return False
+            continue
+        was = before[name].get("mode", "NULLABLE").upper()
+        if not same_type(before[name]["type"], column["type"]) or (
+            mode != was and (was, mode) != ("REQUIRED", "NULLABLE")
+        ):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("table", ["alerts", "overrides"])
+def test_gcp_belief_upgrading_a_deployed_table_keeps_its_rows(table: str) -> None:
+    # tests/released/ holds the schemas of the release before the run-health checks and detectors.
+    released = json.loads((REPO / "tests" / "released" / f"{table}_schema.json").read_text())
+    current = json.loads((REPO / "lossspike" / f"{table}_schema.json").read_text())
+    assert _updates_in_place(released, current)
+    # The rule is not vacuous: a new REQUIRED column, a type change or a NULLABLE column made
+    # REQUIRED would replace the table.
+    first, *rest = released
+    nullable = next(c for c in released if c["mode"] == "NULLABLE")
+    assert not _updates_in_place(released, [*released, {"name": "x", "type": "STRING", "mode": "REQUIRED"}])
+    assert not _updates_in_place(released, [{**first, "type": "BYTES"}, *rest])
+    assert not _updates_in_place(released, [{**c, "mode": "REQUIRED"} if c is nullable else c for c in released])
