@@ -393,17 +393,25 @@ def minute_buckets(
     def when(condition: str, value: str) -> str:
         return d.if_.format(condition, value)
 
-    minute = (
-        d.aligned_minute.format("timestamp", d.param.format(aligned_to)) if aligned_to else d.minute.format("timestamp")
-    )
     role = f"CASE WHEN {is_loss} THEN '{LOSS_ROLE}' WHEN name = {checks['eval']} THEN '{EVAL_ROLE}' ELSE '' END"
+    minute = d.minute.format("timestamp")
+    if aligned_to:
+        minute = d.aligned_minute.format("timestamp", d.param.format(aligned_to))
+    base = when(f"{is_loss} AND {finite}", "TRUNC(value)")
+    source = quote_table(d, table)
+    if params is not None:
+        # The keys are computed per row below the GROUP BY: an engine that binds each use of a
+        # parameter on its own would not see a grouped expression as the selected one.
+        keys = f"{minute} AS bucket_minute, {role} AS bucket_role, {base} AS bucket_base"
+        source = f"(SELECT *, {keys} FROM {source}) AS samples"
+        minute, role, base = "bucket_minute", "bucket_role", "bucket_base"
     columns = {
         "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
         "minute": minute,
         "metric": role,
-        "loss_base": when(f"{is_loss} AND {finite}", "TRUNC(value)"),
+        "loss_base": base,
         "samples": "COUNT(*)",
         "sample_at": "MAX(timestamp)",
         "loss_samples": d.count_if.format(is_loss),
@@ -428,7 +436,7 @@ def minute_buckets(
     listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
     return f"""SELECT
   {listed}
-FROM {quote_table(d, table)}
+FROM {source}
 WHERE {bounds}service = {service}
   AND value IS NOT NULL
   AND run_id <> ''
@@ -531,6 +539,7 @@ def tick_read_query(
     now = windows.now
     params: dict[str, object] = {"now": now, "hour_start": now - timedelta(minutes=windows.hour)}
     oldest = max(windows.hour, windows.checks, windows.eval, windows.history)
+    prefix = ""
     if rollup_table:
         source = quote_table(d, rollup_table)
         runs = f"\n    AND {watched_runs(d, selection, params)}"
@@ -546,7 +555,8 @@ def tick_read_query(
             aligned_to="now",
             dense_start=now - timedelta(minutes=dense) if windows.eval > dense else None,
         )
-        source = f"(\n{inner}\n) AS buckets"
+        prefix = f"WITH buckets AS (\n{inner}\n)\n"
+        source = "buckets"
         runs = ""
     attempt = _attempt_filter(d, selection, params)
 
@@ -643,7 +653,7 @@ def tick_read_query(
                 },
             )
         )
-    return Query("\nUNION ALL\n".join(parts), params)
+    return Query(prefix + "\nUNION ALL\n".join(parts), params)
 
 
 def refresh_statement(rollup_table: str) -> str:

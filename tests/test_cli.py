@@ -82,7 +82,18 @@ def test_evaluate_writes_every_column_spec_asks_for(tmp_path):
 def test_thresholds_from_flags_and_environment(tmp_path):
     db = write_database(tmp_path / "t.duckdb", spiking_fleet())
     # The seed rule's thresholds: the detectors would page hero-up's shift whatever min_rise says.
-    args = ("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write", "--detectors", "none")
+    args = (
+        "evaluate",
+        "--database",
+        str(db),
+        "--now",
+        NOW_TEXT,
+        "--format",
+        "json",
+        "--no-write",
+        "--detectors",
+        "none",
+    )
     quiet = lossspike(*args, "--min-rise", "5")
     assert [r["reason"] for r in json.loads(quiet.stdout)] == ["healthy", "healthy"]
     env_quiet = lossspike(*args, env={"LOSSSPIKE_MIN_RISE": "5"})
