@@ -27,17 +27,18 @@ seed rule's band is wide there); a "late" run has trained for 2-20 days before
 its telemetry starts (the loss is nearly flat).
 
 Step times. 2 s to 105 s a step, log-uniform for clean runs; at most 45 s for
-incident runs other than the slow-stepping ones, which step at 105 s: BLOOM's
-"single train iteration is about 105 secs" at GBS 2048 (same chronicle,
-2022-03-18). Each step's time jitters by 3 %.
+incident runs other than the slow-stepping ones, which step at 105 s: a
+BLOOM-176B iteration took about 105 s at a global batch of 2,048 (same
+chronicle, 2022-03-18). Each step's time jitters by 3 %.
 
 Noise. Per-step Gaussian noise with a scale of 0.008-0.03 nats (log-uniform):
 BLOOM's consecutive iterations differ by about 0.02 nats at loss 2.2. The tail
 is heavy upwards only: 2 % of steps add twice the scale times |t| (3 degrees of
 freedom). A hard batch raises a step's loss much further than an easy batch
 lowers it, and the floor of a window, the seed rule's statistic, reads the lower
-tail: a heavy lower tail would hide every shift behind one lucky step. Clean runs also carry rare single-step outliers (one per
-about 3 hours, 0.2-3 nats), as every hero run shows; Marin's 32B run had spikes
+tail: a heavy lower tail would hide every shift behind one lucky step. Clean
+runs also carry rare single-step outliers (one per about 3 hours, 0.2-3 nats),
+as every hero run shows; Marin's 32B run had spikes
 that update clipping absorbed for 70k steps (marin-community/marin,
 docs/reports/marin-32b-retro.md).
 
@@ -74,8 +75,8 @@ Must page (the overall figure counts these):
 - `spike_train`: excursions of 1-3 steps, 0.5-2 nats high, every 2-8 minutes
   for an hour: each would be rejected by skip-step, and the run is unstable
   (Marin 32B's spikes from 70k to 80k steps that clipping could not hold; the
-  OPT-175B logbook's "grad norm explosions / loss explosions / nans after a
-  couple hundred updates", facebookresearch/metaseq
+  OPT-175B logbook's runs exploding in grad norm, loss and NaNs a few hundred
+  updates after each restart, facebookresearch/metaseq
   projects/OPT/chronicles/10_percent_update.md). Deadline 30 min: a few
   excursions have to happen before a train is a train.
 - `slow_divergence`: the loss rises linearly at 0.1/0.3/0.5/1 nats/h in a late
@@ -97,9 +98,10 @@ Reported separately (the product pages them; the runbook says to silence a
 scheduled one ahead of time):
 
 - `stage_boundary`: a data-stage boundary: the loss steps up by 0.1-0.3 nats,
-  half of it fading over 30 min (Marin's alert doc expects "benign firings at
-  mixture stage boundaries"; the 32B Bison cooldown's loss "phase-shifted" at
-  190k steps). Deadline 10 min.
+  half of it fading over 30 min (Marin's loss-spike alert doc,
+  docs/ops/training-loss-spike-alert.md, expects its alert to fire at mixture
+  stage boundaries; the 32B Bison cooldown's training loss shifted phase near
+  190k steps with no mixture change). Deadline 10 min.
 - `lr_rewarm`: a learning-rate re-warmup (Marin 32B: a 1,000-step re-warmup
   after the QK-norm switch): the loss rises by 0.1-0.3 nats over 20-90 minutes
   and then falls back. Deadline 60 min.
@@ -114,8 +116,8 @@ Must not page (each label's window must stay quiet; deadline = that window):
   2-3 h. The decay's length.
 - `restart`: a restart from a checkpoint 2 h back after a 3-12 minute gap: a
   new execution UID, the loss rewinds to its value of 2 h before and the steps
-  since are replayed (PaLM restarted "from a checkpoint roughly 100 steps
-  before the spike" about 20 times, arXiv:2204.02311 section 5.1; OPT-175B had 35
+  since are replayed (PaLM-540B restarted from a checkpoint about 100 steps
+  before each of its roughly 20 spikes, arXiv:2204.02311 section 5.1; OPT-175B had 35
   manual and 70+ automatic restarts in two months). 60 min from the restart.
 - `eval_pause`: an 8-12 minute eval pause. The pause plus 60 min.
 """
@@ -127,6 +129,7 @@ import csv
 import math
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -237,8 +240,8 @@ def _plan_run(
     )
 
 
-def plan(seed: int, clean_runs: int = 110, reps: float = 1.0) -> list[Plan]:
-    """Every run of the benchmark, clean runs first, then one run per incident."""
+def plan(seed: int, clean_runs: int = 110, reps: float = 1.0, kinds: Collection[str] | None = None) -> list[Plan]:
+    """Every run of the benchmark, clean runs first, then one run per incident (of `kinds`, default all)."""
     rng = np.random.default_rng(seed)
     plans: list[Plan] = []
     count = 0
@@ -259,7 +262,9 @@ def plan(seed: int, clean_runs: int = 110, reps: float = 1.0) -> list[Plan]:
         return RANGE_SECONDS - rng.uniform(post_low, post_high) * 3600
 
     def add(incident: Incident, age: float, fresh: bool, step: float | None = None) -> None:
-        plans.append(_plan_run(rng, name(), incident, age, fresh, step))
+        run = _plan_run(rng, name(), incident, age, fresh, step)
+        if kinds is None or incident.kind in kinds:
+            plans.append(run)
 
     def late_age() -> float:
         """Hours of telemetry before a late run's incident."""
@@ -536,13 +541,15 @@ def _when(seconds: float) -> datetime:
     return RANGE_START + timedelta(microseconds=round(seconds * 1e6))
 
 
-def generate(out: Path, seed: int = 18, clean_runs: int = 110, reps: float = 1.0) -> dict:
+def generate(
+    out: Path, seed: int = 18, clean_runs: int = 110, reps: float = 1.0, kinds: Collection[str] | None = None
+) -> dict:
     """Write out/incidents.duckdb and out/labels.csv; return counts and the backtest range."""
     out.mkdir(parents=True, exist_ok=True)
     database, labels_path = out / "incidents.duckdb", out / "labels.csv"
     for path in (database, labels_path, out / "incidents.duckdb.wal"):
         path.unlink(missing_ok=True)
-    plans = plan(seed, clean_runs, reps)
+    plans = plan(seed, clean_runs, reps, kinds)
     uid_rng = np.random.default_rng([seed, 1_000_000])
     columns: dict[str, list[np.ndarray]] = {"micros": [], "metric": [], "value": [], "attempt": []}
     attempts: list[tuple[str, str, str, str]] = []
@@ -649,9 +656,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--clean-runs", type=int, default=110, help="runs without incidents [110]")
     parser.add_argument("--reps", type=float, default=1.0, help="scale the number of each incident [1]")
+    parser.add_argument("--kinds", help="only these incident kinds, comma-separated [all]")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    summary = generate(Path(args.out), args.seed, args.clean_runs, args.reps)
+    kinds = None if args.kinds is None else [k.strip() for k in args.kinds.split(",") if k.strip()]
+    summary = generate(Path(args.out), args.seed, args.clean_runs, args.reps, kinds)
     summary["seconds"] = round(time.perf_counter() - began, 1)
     for key, value in summary.items():
         sys.stdout.write(f"{key}: {value}\n")

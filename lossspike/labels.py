@@ -28,7 +28,7 @@ import io
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -115,8 +115,8 @@ def parse_labels(text: str, source: str = "labels") -> list[Label]:
     return labels
 
 
-def _json_lines(text: str, source: str) -> Iterable[tuple[int, dict[str, Any]]]:
-    out = []
+def _json_lines(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    # A generator: each line is parsed and checked in file order, so the first error is the first bad line.
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -126,14 +126,12 @@ def _json_lines(text: str, source: str) -> Iterable[tuple[int, dict[str, Any]]]:
             raise LabelsError(f"{source} line {number}: not JSON ({error.msg})") from None
         if not isinstance(record, dict):
             raise LabelsError(f"{source} line {number}: expected a JSON object, got {type(record).__name__}")
-        out.append((number, record))
-    return out
+        yield number, record
 
 
-def _csv_rows(text: str, source: str) -> Iterable[tuple[int, dict[str, Any]]]:
+def _csv_rows(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
-    out = []
     for row in reader:
         number = reader.line_num
         if not any(cell.strip() for cell in row):
@@ -147,8 +145,7 @@ def _csv_rows(text: str, source: str) -> Iterable[tuple[int, dict[str, Any]]]:
         if len(row) != len(header):
             raise LabelsError(f"{source} line {number}: {len(row)} cells, the header has {len(header)}")
         # An empty CSV cell is an absent optional field.
-        out.append((number, {name: cell for name, cell in zip(header, row, strict=True) if cell.strip() != ""}))
-    return out
+        yield number, {name: cell for name, cell in zip(header, row, strict=True) if cell.strip() != ""}
 
 
 def _label(record: dict[str, Any], line: int, source: str) -> Label:
