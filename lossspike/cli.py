@@ -601,7 +601,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
     else:
         sys.stdout.write(report_table(results, names))
-        for name, report in zip(names, scored, strict=True):
+        for name, report in zip(names[: len(scored)], scored, strict=True):
             title = "labels" if len(scored) == 1 else f"labels, rule {name}"
             sys.stdout.write("\n" + labels_table(report, title))
     return 0

@@ -280,3 +280,19 @@ def test_backtest_labels_errors_are_one_line(bench, tmp_path):
     missing = lossspike(*args, "--labels", str(tmp_path / "nope.csv"))
     one_line_error(missing, "--labels", "nope.csv")
     assert missing.returncode == 2
+
+
+def test_backtest_labels_with_two_rules_scores_each(bench):
+    args = ["backtest", "--database", str(bench / "incidents.duckdb"), "--start", "2026-11-02T20:00:00Z"]
+    args += ["--end", "2026-11-03T00:00:00Z", "--labels", str(bench / "labels.csv"), "--compare", "stall-minutes=30"]
+    result = lossspike(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    first, second = (v["labels_report"] for v in document["variants"])
+    assert document["labels_report"] == first
+    stall = [next(e for e in report["labels"] if e["kind"] == "stall") for report in (first, second)]
+    # The second rule would page the stall 30 minutes in: after its 20-minute deadline.
+    assert stall[0]["paged"] and not stall[1]["paged"] and stall[1]["minutes_to_page"] is None
+    table = lossspike(*args)
+    assert table.returncode == 0, table.stderr
+    assert "labels, rule A" in table.stdout and "labels, rule B" in table.stdout
