@@ -94,10 +94,6 @@ def _share(paged: int, total: int) -> str:
     return "-" if total == 0 else f"{paged}/{total} ({paged / total:.0%})"
 
 
-def _minutes(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def _overall(rows: list[dict[str, Any]], scheduled: bool) -> tuple[int, int]:
     chosen = [r for r in rows if (r["kind"] in incidents.SCHEDULED_KINDS) == scheduled]
     return sum(r["paged"] for r in chosen), sum(r["should_page"] for r in chosen)
@@ -113,26 +109,22 @@ def table(documents: dict[str, dict[str, Any]], markdown: bool) -> str:
     keys = list(rows[names[0]])
     header = ["kind", "size", "labels"]
     for name in names:
-        header += [f"{name}: paged", "median min", "p90 min", "paged wrongly"]
+        header += [f"{name}: paged by deadline", "min to page (median / p90)", "paged wrongly"]
     body = []
     for key in keys:
         first = rows[names[0]][key]
         line = [key[0], key[1] or "-", str(first["labels"])]
         for name in names:
             r = rows[name][key]
-            line += [
-                _share(r["paged"], r["should_page"]),
-                _minutes(r["median_minutes"]),
-                _minutes(r["p90_minutes"]),
-                _share(r["paged_wrongly"], r["should_not_page"]),
-            ]
+            minutes = "-" if r["median_minutes"] is None else f"{r['median_minutes']:.1f} / {r['p90_minutes']:.1f}"
+            line += [_share(r["paged"], r["should_page"]), minutes, _share(r["paged_wrongly"], r["should_not_page"])]
         body.append(line)
     totals = []
     for label, scheduled in (("must page (not scheduled)", False), ("scheduled (boundary, rewarm)", True)):
         line = [label, "", ""]
         for name in names:
             paged, total = _overall(list(rows[name].values()), scheduled)
-            line += [_share(paged, total), "", "", ""]
+            line += [_share(paged, total), "", ""]
         totals.append(line)
     for label in ("false pages / 1,000 watched h", "false pages / 1,000 clean run-h"):
         line = [label, "", ""]
@@ -143,7 +135,7 @@ def table(documents: dict[str, dict[str, Any]], markdown: bool) -> str:
             else:
                 count, hours = clean_rate(documents[name])
             rate = count / hours * RATE_HOURS if hours else 0.0
-            line += [f"{rate:.2f} ({count} in {hours:,.0f} h)", "", "", ""]
+            line += [f"{rate:.2f} ({count} in {hours:,.0f} h)", "", ""]
         totals.append(line)
     lines = [header, *body, *totals]
     if markdown:
