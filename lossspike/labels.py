@@ -250,15 +250,23 @@ def _matches(label: Label, cluster: str, run: str) -> bool:
 def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
     """The labels report of one backtest (SPEC.md's `labels_report`), plus its per-kind summary."""
     every = timedelta(minutes=result.every_minutes)
-    spans = [_Span(e.cluster, e.run, e.first_tick, e.last_tick) for e in result.episodes()]
-    keys = {(h.cluster, h.run) for h in result.runs}
+    # By run ID, so a long history with many labels stays linear in labels plus episodes.
+    spans: dict[str, list[_Span]] = {}
+    for e in result.episodes():
+        spans.setdefault(e.run, []).append(_Span(e.cluster, e.run, e.first_tick, e.last_tick))
+    by_run: dict[str, list[Label]] = {}
+    for label in labels:
+        by_run.setdefault(label.run, []).append(label)
+    clusters: dict[str, set[str]] = {}
+    for h in result.runs:
+        clusters.setdefault(h.run, set()).add(h.cluster)
     entries = []
     unknown: list[str] = []
     for label in labels:
-        known = any(_matches(label, *key) for key in keys)
+        known = any(_matches(label, cluster, label.run) for cluster in clusters.get(label.run, ()))
         if not known and label.run not in unknown:
             unknown.append(label.run)
-        mine = [s for s in spans if _matches(label, s.cluster, s.run)]
+        mine = [s for s in spans.get(label.run, []) if _matches(label, s.cluster, s.run)]
         firsts = [_first_tick_from(s, label.start, every) for s in mine]
         by_deadline = [t for t in firsts if t is not None and t <= label.deadline]
         first = min(by_deadline, default=None)
@@ -274,8 +282,13 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
                 "wrong_pages": wrong,
             }
         )
-    false_pages = sum(1 for s in spans if not any(_covers(label, s.cluster, s.run, s.first) for label in labels))
-    hours = _watched_hours(result, labels)
+    false_pages = sum(
+        1
+        for run, found in spans.items()
+        for s in found
+        if not any(_covers(label, s.cluster, s.run, s.first) for label in by_run.get(run, ()))
+    )
+    hours = _watched_hours(result, by_run)
     return {
         "labels": entries,
         "false_pages": false_pages,
@@ -290,7 +303,7 @@ def _covers(label: Label, cluster: str, run: str, moment: datetime) -> bool:
     return _matches(label, cluster, run) and label.start <= moment <= label.end + AFTERMATH
 
 
-def _watched_hours(result: Backtest, labels: Sequence[Label]) -> float:
+def _watched_hours(result: Backtest, by_run: dict[str, list[Label]]) -> float:
     """Ticks at which a run was enrolled, outside every label's aftermath window, in hours."""
     if not result.ticks:
         return 0.0
@@ -299,7 +312,7 @@ def _watched_hours(result: Backtest, labels: Sequence[Label]) -> float:
     watched = 0
     for history in result.runs:
         mask = history.codes >= 0
-        for label in labels:
+        for label in by_run.get(history.run, ()):
             if _matches(label, history.cluster, history.run):
                 low = (label.start - origin).total_seconds()
                 high = (label.end + AFTERMATH - origin).total_seconds()
