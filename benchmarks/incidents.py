@@ -33,14 +33,17 @@ chronicle, 2022-03-18). Each step's time jitters by 3 %.
 
 Noise. Per-step Gaussian noise with a scale of 0.008-0.03 nats (log-uniform):
 BLOOM's consecutive iterations differ by about 0.02 nats at loss 2.2. The tail
-is heavy upwards only: 2 % of steps add twice the scale times |t| (3 degrees of
-freedom). A hard batch raises a step's loss much further than an easy batch
-lowers it, and the floor of a window, the seed rule's statistic, reads the lower
-tail: a heavy lower tail would hide every shift behind one lucky step. Clean
-runs also carry rare single-step outliers (one per about 3 hours, 0.2-3 nats),
-as every hero run shows; Marin's 32B run had spikes
-that update clipping absorbed for 70k steps (marin-community/marin,
-docs/reports/marin-32b-retro.md).
+is heavy upwards only: 1 % of steps add 1.5 times the scale times |t| (3 degrees
+of freedom), rare enough that skip-step rejects a healthy step about once an
+hour at 2 s a step, not three times in 15 minutes (Marin's skipped-steps
+check). A hard batch raises a step's loss much further than an easy batch lowers
+it, and the floor of a window, the seed rule's statistic, reads the lower tail:
+a heavy lower tail would hide every shift behind one lucky step. Clean
+runs also carry rare single-step outliers (one per about 6 hours, 0.1-1 nat);
+big ones are rarer still (BLOOM-176B logged its first loss spike 40 days in;
+PaLM-540B about 20 in its whole run), and Marin's 32B run had spikes that
+update clipping absorbed for 70k steps (marin-community/marin,
+docs/reports/marin-32b-retro.md). The labelled transients are the big ones.
 
 Eval pauses. Every 1-3 hours of training the steps pause for 2-12 minutes (an
 evaluation): BLOOM's eval took about 12 minutes every 1k iterations. A pause plus
@@ -162,8 +165,13 @@ SKIP_SIGMA = 6.0
 # Tokens a step trains on (4,096-token sequences x 1,024): only throughput's scale.
 BATCH_TOKENS = 4096 * 1024
 SLOW_STEP = 105.0
-# The share of steps with an upper-tail excursion (Student-t, 3 degrees of freedom, twice the noise scale).
-UPPER_TAIL_SHARE = 0.02
+# The share of steps with an upper-tail excursion (Student-t, 3 degrees of freedom, 1.5 times the
+# noise scale): rare enough that a healthy run's skip-step rejects a step about once an hour at
+# 2 s a step, as a check on 3 skipped steps in 15 minutes assumes.
+UPPER_TAIL_SHARE = 0.01
+UPPER_TAIL_SCALE = 1.5
+# Clean runs' single-step outliers: about one per this many seconds, 0.1-1 nat high.
+OUTLIER_EVERY = 6 * 3600
 LABEL_FIELDS = ("run", "kind", "start", "should_page", "deadline_minutes", "cluster", "end", "size", "note")
 # Kinds the overall must-page figure leaves out: they look like real shifts, and are silenced ahead of time.
 SCHEDULED_KINDS = ("stage_boundary", "lr_rewarm")
@@ -440,13 +448,13 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
     curve = _loss_curve(plan, plan.first_step + steps)
     # A Gaussian core with an upward heavy tail: a hard batch raises the loss far more
     # often than an easy one lowers it, so the tail that matters is the upper one.
-    tail = (rng.random(count) < UPPER_TAIL_SHARE) * np.abs(rng.standard_t(3, count)) * 2.0
+    tail = (rng.random(count) < UPPER_TAIL_SHARE) * np.abs(rng.standard_t(3, count)) * UPPER_TAIL_SCALE
     noise = plan.noise * (rng.standard_normal(count) + tail)
     offset = np.zeros(count)
     if incident is None:
-        # Rare single-step outliers, about one per 3 hours of a clean run.
-        hits = rng.random(count) < plan.step_seconds / (3 * 3600)
-        offset[hits] += np.exp(rng.uniform(math.log(0.2), math.log(3.0), int(hits.sum())))
+        # Rare single-step outliers in a clean run.
+        hits = rng.random(count) < plan.step_seconds / OUTLIER_EVERY
+        offset[hits] += np.exp(rng.uniform(math.log(0.1), math.log(1.0), int(hits.sum())))
     else:
         label_start, label_end = _apply(incident, rng, times, offset, label_start)
     loss = curve + noise + offset
