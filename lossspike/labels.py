@@ -205,7 +205,11 @@ def _label(record: dict[str, Any], line: int, source: str) -> Label:
     elif end < start:
         raise LabelsError(f"{where}: field 'end' ({format_rfc3339(end)}) is before start ({format_rfc3339(start)})")
     size = record.get("size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, (str, int, float))):
+    if size is not None and (
+        isinstance(size, bool)
+        or not isinstance(size, (str, int, float))
+        or (isinstance(size, float) and not math.isfinite(size))
+    ):
         raise LabelsError(f"{where}: field 'size' must be a number or text, got {size!r}")
     return Label(
         run=text("run", True) or "",

@@ -116,6 +116,11 @@ def test_csv_and_json_lines_read_the_same_labels():
             ["line 1", "'should_page'"],
         ),
         ('{"run": "hero-a", \n', ["line 1", "not JSON"]),
+        (
+            '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00Z", "should_page": true,'
+            ' "deadline_minutes": 5, "size": NaN}\n',
+            ["line 1", "'size'"],
+        ),
         (HEADER, ["no labels"]),
     ],
 )
