@@ -118,16 +118,18 @@ class RunHistory:
 
 @dataclass(frozen=True)
 class Episode:
-    """Consecutive ticks at which one run had one paging reason: one page."""
+    """Consecutive paging ticks of one run, whatever reasons they pass through: one page."""
 
     cluster: str
     run: str
+    # The episode's first reason; `reasons` lists every paging reason it passed through, in order.
     reason: str
     first_tick: datetime
     last_tick: datetime
     ticks: int
-    # The largest recent_floor - band while spiking; None for not_finite.
+    # The largest recent_floor - band while spiking; None when it never was.
     max_margin: float | None
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,36 +157,37 @@ class Backtest:
         return alert_rows(enrolled, self.ticks[tick], self.thresholds, policies)
 
     def episodes(self) -> list[Episode]:
-        """Every page: maximal runs of consecutive ticks with the same paging reason, by run then time."""
+        """Every page: maximal runs of consecutive unsilenced paging ticks of a run, by run then time.
+
+        A run pages once per episode whatever reasons fire (SPEC.md), so a shift caught
+        first by one reason and then by another is one page.
+        """
+        paging = np.array(sorted(_PAGING_CODES), dtype=np.int64)
         found = []
         for history in self.runs:
             # A silenced tick does not page: it ends an episode like a healthy one.
             codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes
-            tick = 0
-            while tick < len(codes):
-                code = int(codes[tick])
-                if code not in _PAGING_CODES:
-                    tick += 1
-                    continue
-                end = tick
-                while end + 1 < len(codes) and codes[end + 1] == code:
-                    end += 1
-                margins = history.margins[tick : end + 1]
-                largest = (
-                    float(np.nanmax(margins)) if REASONS[code] == SPIKING and not np.isnan(margins).all() else None
-                )
+            pages = np.isin(codes, paging)
+            edges = np.diff(np.concatenate(([0], pages.astype(np.int8), [0])))
+            starts, stops = np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()
+            for first, stop in zip(starts, stops, strict=True):
+                seen = [REASONS[int(c)] for c in codes[first:stop]]
+                reasons = tuple(dict.fromkeys(seen))
+                margins = history.margins[first:stop]
+                # Margins are recorded at spiking ticks only (NaN elsewhere).
+                largest = float(np.nanmax(margins)) if not np.isnan(margins).all() else None
                 found.append(
                     Episode(
                         history.cluster,
                         history.run,
-                        REASONS[code],
-                        self.ticks[tick],
-                        self.ticks[end],
-                        end - tick + 1,
+                        reasons[0],
+                        self.ticks[first],
+                        self.ticks[stop - 1],
+                        stop - first,
                         largest,
+                        reasons,
                     )
                 )
-                tick = end + 1
         return found
 
     def run_summaries(self) -> list[dict[str, Any]]:

@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument(
         "--ignore-overrides", action="store_true", help="the bare rule: apply no override or silence row"
     )
+    backtest.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="score the pages against labelled incidents (CSV or JSON lines: run, kind, start, should_page,"
+        " deadline_minutes, optional cluster, end, size, note)",
+    )
     _add_rule_flags(backtest)
 
     cost = commands.add_parser("cost", help="price a tick: bytes billed per part, $/month, per design")
@@ -576,6 +582,7 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
 
 def _cmd_backtest(args: argparse.Namespace) -> int:
     from lossspike.backtest import backtest
+    from lossspike.labels import labels_table, score_labels
     from lossspike.report import report_json, report_table
     from lossspike.store import open_store
 
@@ -583,17 +590,41 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     ticks = _ticks(args, timedelta(hours=24))
     variants = _compare_thresholds(args, settings)
     _check_backtest_size(ticks, variants)
+    labels = _labels(args.labels) if args.labels else None
     names = ["A", "B"] if len(variants) > 1 else ["rule"]
     store = open_store(settings, read_only=True)
     try:
         results = backtest(store, settings, ticks, variants, overrides=not args.ignore_overrides)
     finally:
         store.close()
+    scored = [score_labels(result, labels) for result in results] if labels is not None else []
     if args.format == "json":
-        sys.stdout.write(json.dumps(report_json(results, names), indent=2, allow_nan=False) + "\n")
+        document = report_json(results, names)
+        if scored:
+            # The first rule's report at the top (SPEC.md); with --compare each rule also carries its own.
+            document["labels_report"] = scored[0]
+            if len(scored) > 1:
+                for variant, report in zip(document["variants"], scored, strict=True):
+                    variant["labels_report"] = report
+        sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
     else:
         sys.stdout.write(report_table(results, names))
+        for name, report in zip(names[: len(scored)], scored, strict=True):
+            title = "labels" if len(scored) == 1 else f"labels, rule {name}"
+            sys.stdout.write("\n" + labels_table(report, title))
     return 0
+
+
+def _labels(path: str) -> list[Any]:
+    """The labels file, or a configuration error naming it (a bad file is a bad command line)."""
+    from lossspike.labels import LabelsError, read_labels
+
+    try:
+        return read_labels(path)
+    except LabelsError as error:
+        raise ConfigError(f"--labels: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"--labels: cannot read {path}: {error.strerror or error}") from None
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ def report_json(results: Sequence[Backtest], names: Sequence[str]) -> dict[str, 
             episodes = [
                 {
                     "reason": e.reason,
+                    "reasons": list(e.reasons),
                     "first_tick": format_rfc3339(e.first_tick),
                     "last_tick": format_rfc3339(e.last_tick),
                     "ticks": e.ticks,
@@ -96,7 +97,7 @@ def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
                 + [
                     e.cluster,
                     e.run,
-                    e.reason,
+                    "+".join(e.reasons),
                     format_rfc3339(e.first_tick),
                     format_rfc3339(e.last_tick),
                     str(e.ticks),
@@ -141,6 +142,6 @@ def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
         ]
     lines += _table(header, [*body, line]) if body else ["  no run was watched in this range"]
     lines.append("")
-    lines.append("A page is an episode: consecutive ticks at which a run had one paging reason (spiking, not_finite).")
+    lines.append("A page is an episode: consecutive paging ticks of a run, whatever reasons (a+b) they pass through.")
     lines.append("margin = the largest recent floor - band while spiking; run-days = ticks watched x interval.")
     return "\n".join(lines) + "\n"

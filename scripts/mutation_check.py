@@ -224,6 +224,28 @@ MUTANTS = [
         'paging[key] = min(paging.get(key, 1), int(row["value"]))',
         ["tests/test_cloud.py::test_a_silence_of_one_scope_leaves_the_other_paging"],
     ),
+    # --- labelled incidents (backtest --labels) and episodes ---
+    Mutant(
+        "labels: a page at start + deadline does not count",
+        "lossspike/labels.py",
+        "t is not None and t <= label.deadline]",
+        "t is not None and t < label.deadline]",
+        ["tests/test_labels.py"],
+    ),
+    Mutant(
+        "labels: a page starting at end + 60 min is false",
+        "lossspike/labels.py",
+        "label.start <= moment <= label.end + AFTERMATH",
+        "label.start <= moment < label.end + AFTERMATH",
+        ["tests/test_labels.py"],
+    ),
+    Mutant(
+        "episodes: a silenced tick pages",
+        "lossspike/backtest.py",
+        "codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes",
+        "codes = history.codes",
+        ["tests/test_labels.py", "tests/test_backtest.py"],
+    ),
 ]
 
 

@@ -1,0 +1,303 @@
+"""Labelled incidents: the labels file, the matching rules at their boundaries, and `backtest --labels`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from commandline import lossspike, one_line_error
+
+from lossspike.backtest import Backtest, RunHistory
+from lossspike.labels import LabelsError, parse_labels, percentile, score_labels
+from lossspike.rule import NOT_FINITE, REASONS, SPIKING, STALLED, Thresholds
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
+HEADER = "run,kind,start,should_page,deadline_minutes,cluster,end,size,note\n"
+
+
+def minute(n: float) -> datetime:
+    return T0 + timedelta(minutes=n)
+
+
+def stamp(n: float) -> str:
+    return minute(n).isoformat().replace("+00:00", "Z")
+
+
+def history(run: str, pages: dict[int, str], ticks: int = 181, cluster: str = "c1", silenced=()) -> RunHistory:
+    """A run watched at every tick, healthy except at the ticks (minutes from T0) in `pages`."""
+    codes = np.full(ticks, REASONS.index("healthy"), dtype=np.int8)
+    for tick, reason in pages.items():
+        codes[tick] = REASONS.index(reason)
+    quiet = np.zeros(ticks, dtype=bool)
+    quiet[list(silenced)] = True
+    return RunHistory(cluster, run, codes, np.full(ticks, np.nan), quiet)
+
+
+def replay(*runs: RunHistory) -> Backtest:
+    ticks = len(runs[0].codes)
+    return Backtest([minute(i) for i in range(ticks)], 1, Thresholds(), list(runs))
+
+
+def label(run: str, start: float, deadline: float, should_page: bool = True, **extra: str) -> dict:
+    row = {"run": run, "kind": extra.pop("kind", "shift"), "start": stamp(start), "should_page": should_page}
+    return {**row, "deadline_minutes": deadline, **extra}
+
+
+def score(result: Backtest, *rows: dict) -> dict:
+    text = "\n".join(json.dumps(row) for row in rows) + "\n"
+    return score_labels(result, parse_labels(text))
+
+
+def spans(ticks: range, reason: str = SPIKING) -> dict[int, str]:
+    return dict.fromkeys(ticks, reason)
+
+
+# --- reading the file -------------------------------------------------------------
+
+
+def test_csv_and_json_lines_read_the_same_labels():
+    csv_text = (
+        HEADER + f"hero-a,shift,{stamp(10)},true,10,,,0.3,a note\nhero-b,restart,{stamp(20)},no,60,c2,{stamp(90)},,\n"
+    )
+    jsonl = (
+        json.dumps({"run": "hero-a", "kind": "shift", "start": stamp(10), "should_page": True, "deadline_minutes": 10})
+        + "\n\n"
+        + json.dumps(
+            {"run": "hero-b", "kind": "restart", "start": stamp(20), "should_page": "false", "deadline_minutes": "60"}
+            | {"cluster": "c2", "end": stamp(90)}
+        )
+        + "\n"
+    )
+    from_csv, from_json = parse_labels(csv_text), parse_labels(jsonl)
+    for labels in (from_csv, from_json):
+        first, second = labels
+        assert (first.run, first.kind, first.should_page, first.cluster) == ("hero-a", "shift", True, None)
+        # end defaults to start + deadline
+        assert first.start == minute(10) and first.end == minute(20) and first.deadline == minute(20)
+        assert (second.should_page, second.cluster, second.end) == (False, "c2", minute(90))
+    assert from_csv[0].size == "0.3" and from_csv[0].note == "a note"
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        (HEADER + f"hero-a,shift,{stamp(0)},true,10,,,,\nhero-a,shift,yesterday,true,10,,,,\n", ["line 3", "'start'"]),
+        (HEADER + f"hero-a,shift,{stamp(0)},maybe,10,,,,\n", ["line 2", "'should_page'", "maybe"]),
+        (HEADER + f"hero-a,shift,{stamp(0)},true,-5,,,,\n", ["line 2", "'deadline_minutes'"]),
+        (HEADER + f"hero-a,shift,{stamp(0)},true,ten,,,,\n", ["line 2", "'deadline_minutes'"]),
+        (HEADER + f",shift,{stamp(0)},true,10,,,,\n", ["line 2", "'run'", "missing"]),
+        (HEADER + f"hero-a,shift,{stamp(9)},true,10,,{stamp(1)},,\n", ["line 2", "'end'", "before start"]),
+        (HEADER + f"hero-a,shift,{stamp(0)},true,10\n", ["line 2", "5 cells", "9"]),
+        (
+            "run,kind,start,should_page,deadline,x\nhero-a,shift,2026-11-02T12:00:00Z,true,10,1\n",
+            ["line 2", "'deadline'"],
+        ),
+        ('{"run": "hero-a"}\n[1, 2]\n', ["line 1", "'kind'", "missing"]),
+        (
+            '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00Z", "should_page": true,'
+            ' "deadline_minutes": 5}\n[1]\n',
+            ["line 2", "JSON object"],
+        ),
+        (
+            '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00", "should_page": true,'
+            ' "deadline_minutes": 5}\n',
+            ["line 1", "'start'", "offset"],
+        ),
+        (
+            '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00Z", "should_page": 1,'
+            ' "deadline_minutes": 5}\n',
+            ["line 1", "'should_page'"],
+        ),
+        ('{"run": "hero-a", \n', ["line 1", "not JSON"]),
+        (
+            '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00Z", "should_page": true,'
+            ' "deadline_minutes": 5, "size": NaN}\n',
+            ["line 1", "'size'"],
+        ),
+        (HEADER, ["no labels"]),
+    ],
+)
+def test_a_bad_labels_file_names_the_line_and_the_field(text, needles):
+    with pytest.raises(LabelsError) as caught:
+        parse_labels(text, "labels.csv")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("labels.csv")
+    for needle in needles:
+        assert needle in message, message
+
+
+# --- matching -------------------------------------------------------------------------
+
+
+def test_a_page_at_start_plus_deadline_counts_and_one_minute_later_does_not():
+    result = replay(history("hero-a", spans(range(20, 26))))
+    on_time, late = score(result, label("hero-a", 10, 10), label("hero-a", 10, 9))["labels"]
+    assert on_time["paged"] and on_time["minutes_to_page"] == 10
+    assert not late["paged"] and late["minutes_to_page"] is None
+
+
+def test_minutes_to_page_run_from_a_mid_minute_start_to_the_first_paging_tick_after_it():
+    # The episode began before the label's start: its first tick at or after the start counts.
+    result = replay(history("hero-a", spans(range(3, 9))))
+    [entry] = score(result, label("hero-a", 4.5, 10))["labels"]
+    assert entry["paged"] and entry["minutes_to_page"] == 0.5
+    # An episode that ended before the start does not page the label.
+    [entry] = score(result, label("hero-a", 8.5, 10))["labels"]
+    assert not entry["paged"]
+
+
+def test_wrong_pages_count_episodes_with_a_tick_in_start_to_end():
+    pages = spans(range(5, 7)) | spans(range(20, 22)) | spans(range(30, 32)) | spans(range(31 + 60, 93))
+    result = replay(history("hero-a", pages))
+    report = score(result, label("hero-a", 0, 30, should_page=False, kind="restart"))
+    [entry] = report["labels"]
+    # 5-6, 20-21 and 30-31 (a tick at end itself); 91-92 starts after end + 60 min: a false page.
+    assert entry["wrong_pages"] == 3
+    assert report["false_pages"] == 1
+    assert report["by_kind"][0]["paged_wrongly"] == 1 and report["by_kind"][0]["wrong_pages"] == 3
+
+
+def test_a_page_is_false_only_when_it_starts_outside_every_label_window():
+    inside = history("hero-a", spans(range(90, 95)))  # starts at end + 60 min exactly
+    outside = history("hero-b", spans(range(91, 95)))  # one minute later
+    before = history("hero-c", spans(range(9, 12)))  # starts before the label
+    unlabelled = history("hero-d", spans(range(100, 101)))
+    report = score(
+        replay(inside, outside, before, unlabelled),
+        label("hero-a", 10, 20),
+        label("hero-b", 10, 20),
+        label("hero-c", 10, 20),
+    )
+    assert report["false_pages"] == 3
+    # Watched ticks outside [start, end + 60]: 181 - 81 for each labelled run, 181 for the other.
+    assert report["watched_run_hours"] == pytest.approx((3 * 100 + 181) / 60)
+    assert report["false_pages_per_1000_run_hours"] == pytest.approx(3 / ((3 * 100 + 181) / 60) * 1000)
+
+
+def test_labels_naming_runs_the_backtest_does_not_hold_are_listed_and_left_out_of_the_kinds():
+    result = replay(history("hero-a", spans(range(20, 22)), cluster="c1"))
+    report = score(
+        result,
+        label("hero-a", 15, 10),
+        label("hero-missing", 15, 10),
+        label("hero-a", 15, 10, cluster="elsewhere"),
+    )
+    assert report["unknown_runs"] == ["hero-missing", "hero-a"]
+    assert [e["known"] for e in report["labels"]] == [True, False, False]
+    [row] = report["by_kind"]
+    assert (row["labels"], row["paged"]) == (1, 1)
+
+
+def test_a_label_without_cluster_matches_the_run_on_every_cluster():
+    result = replay(history("hero-a", {}, cluster="c1"), history("hero-a", spans(range(20, 22)), cluster="c2"))
+    [entry] = score(result, label("hero-a", 15, 10))["labels"]
+    assert entry["paged"] and entry["minutes_to_page"] == 5
+
+
+def test_an_episode_through_two_reasons_is_one_page():
+    pages = spans(range(20, 23), SPIKING) | spans(range(23, 25), NOT_FINITE) | spans(range(25, 26), STALLED)
+    result = replay(history("hero-a", pages))
+    [episode] = result.episodes()
+    assert episode.reasons == (SPIKING, NOT_FINITE, STALLED) and episode.reason == SPIKING
+    assert (episode.first_tick, episode.last_tick, episode.ticks) == (minute(20), minute(25), 6)
+    assert score(result, label("hero-b", 0, 10))["false_pages"] == 1
+    # A silenced tick ends an episode like a healthy one.
+    quiet = replay(history("hero-a", pages, silenced=[23]))
+    assert [e.reasons for e in quiet.episodes()] == [(SPIKING,), (NOT_FINITE, STALLED)]
+
+
+def test_minutes_to_page_median_and_p90_per_kind_and_size():
+    pages = {}
+    for run, delay in enumerate((1, 2, 3, 4, 10)):
+        pages[run] = spans(range(10 + delay, 12 + delay))
+    result = replay(*(history(f"hero-{run}", p) for run, p in pages.items()))
+    rows = [label(f"hero-{run}", 10, 30, size="0.3") for run in pages] + [label("hero-0", 10, 30, size="0.5")]
+    by_kind = score(result, *rows)["by_kind"]
+    assert [(r["size"], r["labels"], r["paged"]) for r in by_kind] == [("0.3", 5, 5), ("0.5", 1, 1)]
+    assert by_kind[0]["median_minutes"] == 3 and by_kind[0]["p90_minutes"] == 10
+    assert percentile([], 0.9) is None and percentile([4.0], 0.9) == 4.0
+
+
+# --- the command line, end to end on a small generated benchmark -------------------------
+
+
+def generate(out: Path, seed: int = 3) -> str:
+    command = [sys.executable, str(REPO / "benchmarks" / "incidents.py"), "--out", str(out), "--seed", str(seed)]
+    command += ["--clean-runs", "1", "--reps", "0.05", "--kinds", "level_shift,transient,stall"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    return result.stdout
+
+
+def telemetry(path: Path) -> list[tuple]:
+    with duckdb.connect(str(path), read_only=True) as connection:
+        return connection.execute("SELECT * FROM telemetry ORDER BY ALL").fetchall()
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    generate(out)
+    return out
+
+
+def test_the_generator_is_deterministic(bench, tmp_path):
+    generate(tmp_path)
+    assert (tmp_path / "labels.csv").read_text() == (bench / "labels.csv").read_text()
+    assert telemetry(tmp_path / "incidents.duckdb") == telemetry(bench / "incidents.duckdb")
+    generate(tmp_path, seed=4)
+    assert (tmp_path / "labels.csv").read_text() != (bench / "labels.csv").read_text()
+
+
+def test_backtest_labels_scores_the_generated_benchmark(bench):
+    args = ["backtest", "--database", str(bench / "incidents.duckdb"), "--start", "2026-11-02T00:00:00Z"]
+    args += ["--end", "2026-11-03T00:00:00Z", "--labels", str(bench / "labels.csv")]
+    result = lossspike(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["labels_report"]
+    assert set(report) >= {"labels", "false_pages", "watched_run_hours", "unknown_runs"}
+    kinds = {e["kind"]: e for e in report["labels"]}
+    # The seed rule pages a stall 15 minutes after the last sample; a single-step transient never.
+    assert kinds["stall"]["paged"] and 15 <= kinds["stall"]["minutes_to_page"] <= 16
+    assert kinds["transient"]["wrong_pages"] == 0
+    assert report["false_pages"] == 0 and report["unknown_runs"] == []
+    assert report["watched_run_hours"] > 10
+    table = lossspike(*args)
+    assert table.returncode == 0, table.stderr
+    assert "paged by deadline" in table.stdout and "stall" in table.stdout
+    assert "false pages: 0 in" in table.stdout
+
+
+def test_backtest_labels_errors_are_one_line(bench, tmp_path):
+    args = ["backtest", "--database", str(bench / "incidents.duckdb"), "--start", "2026-11-02T00:00:00Z"]
+    args += ["--end", "2026-11-02T01:00:00Z"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEADER + "hero-a,shift,noon,true,10,,,,\n")
+    result = lossspike(*args, "--labels", str(bad))
+    one_line_error(result, "--labels", "line 2", "'start'")
+    assert result.returncode == 2
+    missing = lossspike(*args, "--labels", str(tmp_path / "nope.csv"))
+    one_line_error(missing, "--labels", "nope.csv")
+    assert missing.returncode == 2
+
+
+def test_backtest_labels_with_two_rules_scores_each(bench):
+    args = ["backtest", "--database", str(bench / "incidents.duckdb"), "--start", "2026-11-02T20:00:00Z"]
+    args += ["--end", "2026-11-03T00:00:00Z", "--labels", str(bench / "labels.csv"), "--compare", "stall-minutes=30"]
+    result = lossspike(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    first, second = (v["labels_report"] for v in document["variants"])
+    assert document["labels_report"] == first
+    stall = [next(e for e in report["labels"] if e["kind"] == "stall") for report in (first, second)]
+    # The second rule would page the stall 30 minutes in: after its 20-minute deadline.
+    assert stall[0]["paged"] and not stall[1]["paged"] and stall[1]["minutes_to_page"] is None
+    table = lossspike(*args)
+    assert table.returncode == 0, table.stderr
+    assert "labels, rule A" in table.stdout and "labels, rule B" in table.stdout
