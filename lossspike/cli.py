@@ -510,10 +510,10 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     now = _now(args)
     if args.rollup_table:
         from lossspike.evaluate import rollup_query
-        from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query
+        from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query, with_refresh_status
 
         read = rollup_query(BIGQUERY, settings, now.replace(second=0, microsecond=0))
-        text = f"{refresh_statement(settings.rollup_table)}\n{read.sql}"
+        text = f"{refresh_statement(settings.rollup_table)}\n{with_refresh_status(read.sql)}"
         view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2))
         query = type(read)(text, read.params)
         footer = f"\n\n-- the view's query (Terraform: terraform/sql/loss_spike_minutes.sql)\n{view}\n"

@@ -91,24 +91,39 @@ resource "google_bigquery_table" "telemetry" {
 # once, plus the watched runs' minute rows of the hour, never the day so far. BigQuery requires
 # a partitioned view to use the base table's partition granularity (DAY or HOUR):
 # https://cloud.google.com/bigquery/docs/materialized-views-create#partitioned_materialized_views
+#
+# Clustered by `minute` first: the tick filters the minute range of its windows and not a run, and
+# BigQuery prunes the blocks of a clustered table by a filter on its clustering columns in their
+# order (https://cloud.google.com/bigquery/docs/querying-clustered-tables). So within a DAY
+# partition the read touches the blocks of its hour, not the whole day so far (`lossspike cost`
+# prices it with and without that pruning).
+#
+# No partition expiration: a materialized view cannot carry one; its partitions expire with the
+# base table's ("Partition expiration can't be set on materialized views. A materialized view
+# implicitly inherits the partition expiration time from the base table",
+# https://cloud.google.com/bigquery/docs/materialized-views-create#partition_expiration).
+#
 # Changing the service, metric, run pattern or run list changes the query, which replaces the
 # view: the new view reads the telemetry since `local.rollup_since` once (about the last
 # baseline + 1 hour; `lossspike cost` prices a rebuild), and the first ticks are not blind.
+# `rollup_enabled = false` leaves it out (a telemetry view BigQuery cannot build one on): the
+# tick then runs the raw query.
 resource "google_bigquery_table" "rollup" {
   #checkov:skip=CKV_GCP_80:Per-minute loss aggregates; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
   #checkov:skip=CKV_GCP_121:A view derived from telemetry: changing the run pattern must replace it, and replacing rebuilds it from telemetry.
+  count = var.rollup_enabled ? 1 : 0
+
   project             = var.project_id
   dataset_id          = google_bigquery_dataset.alerts.dataset_id
   table_id            = local.rollup_table_name
   description         = "lossspike per-minute loss buckets since ${local.rollup_since} UTC; rebuilt when service_name, metric_name, run_pattern or run_ids change."
   deletion_protection = false
   labels              = local.labels
-  clustering          = ["run_id", "minute"]
+  clustering          = ["minute", "run_id"]
 
   time_partitioning {
-    type          = var.telemetry_partition_type
-    field         = "minute"
-    expiration_ms = var.rollup_retention_days * 86400000
+    type  = var.telemetry_partition_type
+    field = "minute"
   }
 
   materialized_view {
@@ -130,6 +145,8 @@ resource "google_bigquery_table" "rollup" {
 
 # When the view was (re)built: it holds telemetry from an hour before the baseline on.
 resource "time_static" "rollup_built" {
+  count = var.rollup_enabled ? 1 : 0
+
   triggers = {
     telemetry_table = var.telemetry_table
     service         = var.service_name
