@@ -114,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--non-hero-runs", type=int, default=0, help="other runs logging to the same table [0]")
     cost.add_argument("--partition", choices=("DAY", "HOUR"), default="HOUR", help="telemetry partitioning [HOUR]")
     cost.add_argument("--paging-runs", type=float, help="runs paging at once (Monitoring points) [1%% of runs]")
+    cost.add_argument(
+        "--horizon-minutes", type=int, default=60, help="longest window the rules read from the view [60]"
+    )
+    cost.add_argument(
+        "--rollup-rows-per-run-minute", type=float, default=2.2, help="the view's rows per run and minute [2.2]"
+    )
+    cost.add_argument(
+        "--buffer-minutes", type=float, default=0.0, help="minutes new rows sit in the streaming buffer [0]"
+    )
     cost.add_argument("--format", choices=("table", "json"), default="table")
     cost.add_argument(
         "--actual",
@@ -618,6 +627,9 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             non_hero_runs=args.non_hero_runs,
             partition=args.partition,
             paging_runs=max(args.runs, 0) / 100 if args.paging_runs is None else args.paging_runs,
+            horizon_minutes=args.horizon_minutes,
+            rollup_rows_per_run_minute=args.rollup_rows_per_run_minute,
+            buffer_minutes=args.buffer_minutes,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

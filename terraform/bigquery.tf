@@ -13,6 +13,14 @@ resource "google_bigquery_dataset" "alerts" {
 
 # One row per watched run per tick. The schema is lossspike/alerts_schema.json, shared with
 # the Python code that writes the rows.
+#
+# Clustered by evaluated_at first: every reader filters a recent time range (the tick's existence
+# test one minute, the Grafana rule and table the last minutes, the dashboard its range), and
+# BigQuery prunes blocks inside a day partition only by a filter on the leading clustering column
+# (https://cloud.google.com/bigquery/docs/querying-clustered-tables). A table deployed with the
+# older clustering (cluster, run, reason) can be changed in place before the apply:
+# `bq update --clustering_fields=evaluated_at,cluster,run,reason PROJECT:DATASET.loss_spike_alerts`
+# (https://cloud.google.com/bigquery/docs/manage-clustered-tables#modifying-cluster-spec).
 resource "google_bigquery_table" "alerts" {
   #checkov:skip=CKV_GCP_80:Alert verdicts are not sensitive; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
   project             = var.project_id
@@ -22,7 +30,7 @@ resource "google_bigquery_table" "alerts" {
   deletion_protection = var.deletion_protection
   labels              = local.labels
   schema              = file("${path.module}/../lossspike/alerts_schema.json")
-  clustering          = ["cluster", "run", "reason"]
+  clustering          = ["evaluated_at", "cluster", "run", "reason"]
 
   time_partitioning {
     type          = "DAY"
