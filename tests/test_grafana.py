@@ -26,6 +26,7 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from lossspike import cost
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
@@ -39,6 +40,8 @@ VIEW_TEMPLATE = (REPO / "terraform" / "sql" / "loss_spike_latest.sql").read_text
 TICKS = 11
 PAGING_REASONS = ("spiking", "not_finite", "stalled")
 GRAFANA_ENV = {"LOSSSPIKE_GRAFANA_DATASOURCE_UID": "bq-uid", "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls"}
+# The tables the dashboard and the rule read, as lossspike.cost models them.
+COST_TABLES = {"alerts": "loss_spike_alerts", "rollup": "${minutes_view}"}
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
 # rendered here from its column contract so the loss panel can be run: per (cluster, run,
@@ -109,18 +112,14 @@ def _interpolate(value: str, env: dict[str, str]) -> str:
     return "$".join(expanded)
 
 
-def _braced(value: str, env: dict[str, str]) -> str:
-    """Annotations: only ${VAR} expands; every other $ (and $$) reaches the template engine as written."""
-    return re.sub(r"\$\{(\w+)\}", lambda m: env.get(m.group(1), ""), value)
-
-
 def provision_rules(text: str, env: dict[str, str]) -> dict:
     """The rule file as Grafana's file provisioning hands it on.
 
     Follows pkg/services/provisioning/alerting/rules_types.go (grafana/grafana): group name,
     folder and interval, the rule's simple fields, labels and each query's datasourceUid are
-    values.StringValue / StringMapValue (interpolated, values/values.go); annotations go through
-    ValueWithBracedVars; a query's `model` is passed on Raw, untouched.
+    values.StringValue / StringMapValue (interpolated, values/values.go); annotations are copied
+    Raw (`alertRule.Annotations = rule.Annotations.Raw`, Grafana 9.1 to 12.x; grafana/grafana#84250),
+    and so is a query's `model`: untouched.
     """
     doc = yaml.safe_load(text)
     for group in doc["groups"]:
@@ -131,7 +130,7 @@ def provision_rules(text: str, env: dict[str, str]) -> dict:
                 if key in rule:
                     rule[key] = _interpolate(str(rule[key]), env)
             rule["labels"] = {k: _interpolate(str(v), env) for k, v in rule.get("labels", {}).items()}
-            rule["annotations"] = {k: _braced(str(v), env) for k, v in rule.get("annotations", {}).items()}
+            rule["annotations"] = {k: str(v) for k, v in rule.get("annotations", {}).items()}
             for query in rule["data"]:
                 query["datasourceUid"] = _interpolate(str(query["datasourceUid"]), env)
     return doc
@@ -168,21 +167,21 @@ def warehouse(tmp_path_factory):
     connection.execute("CREATE TABLE p.d.loss_spike_alerts AS SELECT * FROM pipeline.loss_spike_alerts")
     connection.execute(f"CREATE VIEW p.d.loss_spike_latest AS {_latest_view('p.d.loss_spike_alerts')}")
     connection.execute(MINUTES_SQL)
-    # The rule names `lossspike.loss_spike_latest` (dataset.view in the datasource's project).
+    # The rule names `lossspike.loss_spike_alerts` (dataset.table in the datasource's project).
     connection.execute("CREATE SCHEMA lossspike")
-    connection.execute("CREATE VIEW lossspike.loss_spike_latest AS SELECT * FROM p.d.loss_spike_latest")
+    connection.execute("CREATE VIEW lossspike.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts")
     yield connection, now
     connection.close()
 
 
 @contextmanager
 def rule_view(connection: duckdb.DuckDBPyConnection, select_sql: str) -> Iterator[None]:
-    """Point the rule's view at other rows for one check, then back."""
-    connection.execute(f"CREATE OR REPLACE VIEW lossspike.loss_spike_latest AS {select_sql}")
+    """Point the rule's table at other rows for one check, then back."""
+    connection.execute(f"CREATE OR REPLACE VIEW lossspike.loss_spike_alerts AS {select_sql}")
     try:
         yield
     finally:
-        connection.execute("CREATE OR REPLACE VIEW lossspike.loss_spike_latest AS SELECT * FROM p.d.loss_spike_latest")
+        connection.execute("CREATE OR REPLACE VIEW lossspike.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts")
 
 
 def panel(title_start: str) -> dict:
@@ -297,8 +296,8 @@ def test_evaluator_freshness_counts_seconds_since_the_newest_verdict(warehouse):
     assert 0 <= fresh <= (datetime.now(UTC) - now).total_seconds() + 1
     connection.execute("CREATE SCHEMA IF NOT EXISTS p.stale")
     connection.execute(
-        "CREATE OR REPLACE VIEW p.stale.loss_spike_latest AS "
-        "SELECT * REPLACE (evaluated_at - INTERVAL 20 MINUTE AS evaluated_at) FROM p.d.loss_spike_latest"
+        "CREATE OR REPLACE VIEW p.stale.loss_spike_alerts AS "
+        "SELECT * REPLACE (evaluated_at - INTERVAL 20 MINUTE AS evaluated_at) FROM p.d.loss_spike_alerts"
     )
     [(stale,)] = run_bigquery_sql(connection, dashboard_sql(sql, now, dataset="stale"))[1]
     assert stale >= 900  # red
@@ -323,7 +322,8 @@ def test_state_timeline_has_one_state_per_run_and_tick(warehouse):
 def test_loss_panel_reads_the_per_minute_rollup(warehouse):
     connection, now = warehouse
     loss = panel("Loss against the band")
-    assert loss["repeat"] == "run" and loss["fieldConfig"]["defaults"]["decimals"] >= 3
+    # One panel for the chosen runs: a panel repeated per run is two more queries per run a refresh.
+    assert "repeat" not in loss and loss["fieldConfig"]["defaults"]["decimals"] >= 3
     rollup = next(t for t in loss["targets"] if t["refId"] == "A")
     assert "telemetry" not in rollup["rawSql"] and "${minutes_view}" in rollup["rawSql"]
     _, rows = run_bigquery_sql(connection, dashboard_sql(rollup["rawSql"], now))
@@ -336,7 +336,7 @@ def test_loss_panel_reads_the_per_minute_rollup(warehouse):
     ).fetchall()
     assert len(rows) == len(oracle) >= 59
     for (time, cluster, floor, mean), (minute, raw_floor, raw_mean) in zip(rows, oracle, strict=True):
-        assert (time, cluster) == (minute.astimezone(UTC).replace(tzinfo=None), "us-central2")
+        assert (time, cluster) == (minute.astimezone(UTC).replace(tzinfo=None), "us-central2/hero-qwen-32b")
         assert floor == raw_floor and math.isclose(mean, raw_mean, rel_tol=1e-12)
     # A wider $__interval regroups the same rows: floor = min of floors, mean weighted by count.
     _, coarse = run_bigquery_sql(connection, dashboard_sql(rollup["rawSql"], now, interval="1h"))
@@ -352,7 +352,7 @@ def test_loss_panel_draws_the_recent_floor_and_band(warehouse):
     assert len(rows) == TICKS
     time, cluster, floor, band_value = rows[-1]
     # TIMESTAMP_MILLIS comes back zone-less from DuckDB; BigQuery's TIMESTAMP is UTC.
-    assert (time, cluster) == (now.replace(tzinfo=None), "us-central2") and floor > band_value
+    assert (time, cluster) == (now.replace(tzinfo=None), "us-central2/hero-qwen-32b") and floor > band_value
     _, both = run_bigquery_sql(connection, dashboard_sql(band["rawSql"], now, ["hero-qwen-32b", "hero-mixtral"]))
     assert len(both) == 2 * TICKS
 
@@ -383,19 +383,21 @@ def test_paging_episodes_are_annotation_regions(warehouse):
     assert [(r[0], r[1]) for r in split] == [(now - 5 * minute, now - 4 * minute), (now - 2 * minute, now)]
 
 
-def test_run_variable_lists_watched_runs_and_defaults_to_all(warehouse):
+def test_run_variable_lists_watched_runs_paging_first_and_is_read_once(warehouse):
     connection, now = warehouse
     run = variable_def("run")
-    assert run["current"]["value"] == ["$__all"] and run["includeAll"] and run["multi"]
+    # No "All": the loss panel's bytes do not depend on how many runs it draws, but its points do.
+    # Grafana picks the first value, a paging run. refresh 1: on dashboard load, not every refresh.
+    assert not run["includeAll"] and run["multi"] and run["refresh"] == 1 and run["sort"] == 0
     _, rows = run_bigquery_sql(connection, dashboard_sql(run["query"]["rawSql"], now))
     assert [r[0] for r in rows] == [
         "hero-deepseek",
         "hero-gemma-2b",
+        "hero-qwen-32b",
         "hero-llama-8b",
         "hero-mixtral",
         "hero-olmo-1b",
-        "hero-phi-3",
-        "hero-qwen-32b",
+        "hero-phi-3",  # silenced: its spike pages nobody
     ]
 
 
@@ -411,7 +413,9 @@ def test_grafana_belief_provisioning_leaves_no_variable_grafana_would_not_expand
     assert rule["data"][0]["datasourceUid"] == "bq-uid"
     assert all("$$" not in text for text in rule["annotations"].values())
     assert "{{ $labels.run }}" in rule["annotations"]["summary"]
-    assert rule["annotations"]["runbook_url"] == GRAFANA_ENV["LOSSSPIKE_RUNBOOK_URL"]
+    # Annotations are copied raw: an environment variable there would be shown as literal text.
+    assert all("${" not in text for text in rule["annotations"].values())
+    assert re.fullmatch(r"https://\S+", rule["annotations"]["runbook_url"])
 
 
 def test_the_page_links_its_dashboard_panel():
@@ -446,7 +450,7 @@ def test_grafana_belief_alert_rule_returns_one_instance_per_run_and_reason(wareh
 def test_alert_rule_does_not_page_a_silenced_run(warehouse):
     # A silenced run keeps its reason with value 0 (SPEC, overrides).
     connection, _ = warehouse
-    silenced = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
+    silenced = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_alerts"
     with rule_view(connection, silenced):
         _, rows = run_bigquery_sql(connection, rule_sql())
     assert {(r[1], r[2]) for r in rows if r[3] == 1} == {("hero-gemma-2b", "not_finite"), ("hero-deepseek", "stalled")}
@@ -454,7 +458,7 @@ def test_alert_rule_does_not_page_a_silenced_run(warehouse):
 
 def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tmp_path):
     connection, now = warehouse
-    stale = "SELECT * REPLACE (evaluated_at - INTERVAL 1 HOUR AS evaluated_at) FROM p.d.loss_spike_latest"
+    stale = "SELECT * REPLACE (evaluated_at - INTERVAL 1 HOUR AS evaluated_at) FROM p.d.loss_spike_alerts"
     with rule_view(connection, stale):
         assert run_bigquery_sql(connection, rule_sql())[1] == []
     # An idle fleet (no run enrolled) writes the fleet row: explicit zeros, not NoData.
@@ -463,7 +467,7 @@ def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tm
         store.write_alerts(evaluate(store, Settings(), datetime.now(UTC).replace(second=0, microsecond=0)))
     connection.execute(f"ATTACH '{idle}' AS idle (READ_ONLY)")
     try:
-        with rule_view(connection, _latest_view("idle.loss_spike_alerts")):
+        with rule_view(connection, "SELECT * FROM idle.loss_spike_alerts"):
             _, rows = run_bigquery_sql(connection, rule_sql())
     finally:
         connection.execute("DETACH idle")
@@ -482,3 +486,40 @@ def test_macro_expansion_matches_the_datasource():
         "SELECT * FROM t WHERE created_at >= '2023-01-01T00:00:00Z' AND created_at <= '2023-01-02T00:00:00Z'"
     )
     assert os.environ.get("LOSSSPIKE_GRAFANA_DATASOURCE_UID") is None
+
+
+def _minutes(duration: str) -> int:
+    return int(duration[:-1]) * {"m": 1, "h": 60}[duration[-1]]
+
+
+def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
+    # lossspike.cost prices what this file sends (`lossspike cost`, the README's figures): its
+    # refresh, range, queries, tables, windows and columns must be the file's.
+    assert _minutes(DASHBOARD["refresh"]) == cost.DASHBOARD_REFRESH_MINUTES
+    assert DASHBOARD["time"] == {"from": f"now-{cost.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
+    targets = {p["title"]: p["targets"] for p in DASHBOARD["panels"]}
+    sent = {
+        "Evaluator freshness": targets["Evaluator freshness"][0],
+        "Latest verdict per run": targets["Latest verdict per run"][0],
+        "Verdict per run": targets["Verdict per run"][0],
+        "Loss against the band A": targets["Loss against the band: $run"][0],
+        "Loss against the band B": targets["Loss against the band: $run"][1],
+        "Paging episodes": DASHBOARD["annotations"]["list"][0]["target"],
+    }
+    assert set(sent) == set(cost.DASHBOARD_TARGETS)
+    assert sum(len(t) for t in targets.values()) + len(DASHBOARD["annotations"]["list"]) == len(sent)
+    assert _minutes(provision_rules(RULES_TEXT, GRAFANA_ENV)["groups"][0]["interval"]) == cost.RULE_INTERVAL_MINUTES
+    checked = [*((sent[name]["rawSql"], model) for name, model in cost.DASHBOARD_TARGETS.items())]
+    checked.append((rule_sql().replace("lossspike.", "${project}.${dataset}."), cost.RULE_TARGET))
+    for sql, (table, window, columns) in checked:
+        assert f"${{project}}.${{dataset}}.{COST_TABLES[table]}`" in sql, sql
+        if window == "range":
+            assert "$__timeFilter(" in sql, sql
+        else:
+            unit = "DAY" if window % 1440 == 0 else "MINUTE"
+            amount = window // 1440 if unit == "DAY" else window
+            assert f"INTERVAL {amount} {unit})" in sql, sql
+        referenced = set(re.findall(r"[a-z_]+", sql))
+        assert set(columns) <= referenced, (sql, set(columns) - referenced)
+    # The run variable is read when the dashboard loads, not at every refresh.
+    assert variable_def("run")["refresh"] == 1
