@@ -195,6 +195,20 @@ MUTANTS = [
         '"last_loss_at": f"MAX({when(finite, \'timestamp\')})",',
         ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
     ),
+    Mutant(
+        "a failed rollup refresh fails the tick",
+        "lossspike/sql.py",
+        "EXCEPTION WHEN ERROR THEN\n  SET {REFRESH_FAILED} = TRUE;",
+        "EXCEPTION WHEN ERROR THEN\n  RAISE;",
+        ["tests/test_rollup_cloud.py::test_a_failed_refresh_still_gives_the_tick_its_verdict"],
+    ),
+    Mutant(
+        "cost: the view read ignores clustering pruning",
+        "lossspike/cost.py",
+        "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned)",
+        "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, False)",
+        ["tests/test_cost.py"],
+    ),
 ]
 
 
