@@ -1,13 +1,15 @@
-"""What a tick bills on BigQuery, priced from the statements a real tick sends.
+"""What a tick bills on BigQuery, priced from the statements a real tick sends, against SPEC's floor.
 
 1. Runs real ticks (the function's BigQuery store, the real client) against the
    local BigQuery emulator through a recording proxy at 00:10, 12:00 and 23:50,
    with the rollup view in place, and keeps every job the ticks sent.
 2. Prices those statements with lossspike.cost's billing model for fleets of
-   10, 100 and 1,000 runs (21 metrics at 1 Hz, 116-byte rows), HOUR-partitioned
-   telemetry, and prints bytes per tick, $/month and the ratio to each target:
-   $15 / $10 / $50 a month, the ticks of a day within 10 % of each other, the
-   largest tick under a tenth of the default byte cap.
+   10, 100 and 1,000 runs (21 metrics at 1 Hz, 116-byte rows), on DAY- and
+   HOUR-partitioned telemetry, with and without the clustering pruning BigQuery
+   documents for a filter on the leading clustering column, and prints each
+   tick's ratio to SPEC's floor (the new rows, plus 10 MiB for each of the view,
+   the base rows newer than its refresh and the alerts table); target <= 1.15
+   with the pruning. Also: the shipped Grafana dashboard and rule per month.
 3. Measures the minute layer's worst relative error against the raw query on
    random fleets (DuckDB): the mean and stddev where sigma x stddev decides the band.
 
@@ -39,8 +41,7 @@ from lossspike.sql import Selection, rollup_view_query  # noqa: E402
 
 PROJECT = "lossspike-cost"
 DAY = datetime(2026, 11, 30, tzinfo=UTC)
-TARGETS = {10: 15.0, 100: 10.0, 1000: 50.0}  # $/month at list price (issue 8)
-SPREAD_TARGET = 1.10
+RUNS = (10, 100, 1000)
 
 
 def _parameter(param: dict[str, Any]) -> Any:
@@ -124,34 +125,53 @@ def main() -> int:
     for clock, jobs in ticks.items():
         print(f"  {clock}: {len(jobs)} jobs: " + "; ".join(sql.split("\n", 1)[0][:60] for sql, _ in jobs))
     failed = 0
-    print()
-    clocks = " ".join(f"{clock + ' MiB':>10}" for clock in cost.TIMES_OF_DAY)
-    print(f"{'runs':>6} {clocks} {'spread':>7} {'$/month':>9} {'target':>7} ratio")
-    for runs, target in TARGETS.items():
-        fleet = cost.Fleet(runs=runs)
-        models = cost.tables(fleet, telemetry, rollup, alerts, overrides)
-        per_clock = {}
-        for clock, jobs in ticks.items():
-            hour, minute = map(int, clock.split(":"))
-            now = DAY.replace(hour=hour, minute=minute)
-            parts = [p for sql, params in jobs for p in cost.price_statement(sql, params, models, now, views)]
-            per_clock[clock] = sum(p.bytes for p in parts)
-        spread = max(per_clock.values()) / min(per_clock.values())
-        dollars = cost.monthly(sum(per_clock.values()) / len(per_clock))
-        ok = dollars <= target and spread <= SPREAD_TARGET
-        failed += not ok
-        print(
-            f"{runs:>6} "
-            + " ".join(f"{per_clock[c] / cost.MIB:>10,.1f}" for c in cost.TIMES_OF_DAY)
-            + f" {spread:>7.3f} {dollars:>9.2f} {target:>7.2f} {dollars / target:.2f}{'' if ok else '  MISSED'}"
-        )
-        if runs == 1000:
-            largest = max(per_clock.values())
-            cap = DEFAULT_MAX_BYTES_BILLED
+    print("\nMiB a tick, and its ratio to the floor, with / without clustering pruning (target <= 1.15 with):")
+    header = " ".join(f"{clock:>22}" for clock in cost.TIMES_OF_DAY)
+    print(f"{'partition':>9} {'runs':>5} {'floor MiB':>9} {header}  $/month")
+    for partition in ("DAY", "HOUR"):
+        for runs in RUNS:
+            fleet = cost.Fleet(runs=runs, partition=partition)
+            models = cost.tables(fleet, telemetry, rollup, alerts, overrides)
+            floor = cost.floor_bytes(fleet)
+            cells, worst, month = [], 0.0, []
+            for clock, jobs in ticks.items():
+                now = DAY.replace(hour=int(clock[:2]), minute=int(clock[3:]))
+                billed = {
+                    pruned: sum(
+                        p.bytes
+                        for sql, params in jobs
+                        for p in cost.price_statement(sql, params, models, now, views, pruned=pruned)
+                    )
+                    for pruned in (True, False)
+                }
+                worst = max(worst, billed[True] / floor)
+                month.append(billed[True])
+                cells.append(
+                    f"{billed[True] / cost.MIB:6.1f} {billed[True] / floor:4.2f} / {billed[False] / floor:4.2f}x"
+                )
+            ok = worst <= cost.SEED_RATIO_TARGET
+            failed += not ok
+            dollars = cost.monthly(sum(month) / len(month))
             print(
-                f"       largest tick {largest / cost.MIB:,.0f} MiB; default cap {cap / cost.MIB:,.0f} MiB"
-                f" = {cap / largest:.1f}x the need (target about 10x)"
+                f"{partition:>9} {runs:>5} {floor / cost.MIB:>9.1f} "
+                + " ".join(f"{c:>22}" for c in cells)
+                + f"  {dollars:7.2f}{'' if ok else '  MISSED'}"
             )
+    largest = cost.tick_cost(cost.Fleet(runs=1000), DAY.replace(hour=23, minute=50), pruned=False).bytes
+    cap = DEFAULT_MAX_BYTES_BILLED
+    print(
+        f"\nlargest 1,000-run tick {largest / cost.MIB:,.0f} MiB;"
+        f" default cap {cap / cost.MIB:,.0f} MiB ({cap / largest:.1f}x)"
+    )
+    print("\nGrafana, per month (model of the shipped files, checked by tests/test_grafana.py):")
+    for runs in RUNS:
+        with_, without = (cost.grafana_cost(cost.Fleet(runs=runs), pruned) for pruned in (True, False))
+        print(
+            f"  {runs:>5} runs: dashboard ${with_['dashboard']['dollars_per_month']:.2f} per open browser"
+            f" (without pruning ${without['dashboard']['dollars_per_month']:.2f}), alert rule"
+            f" ${with_['alert_rule']['dollars_per_month']:.2f} (${without['alert_rule']['dollars_per_month']:.2f})"
+        )
+        failed += with_["dashboard"]["dollars_per_month"] > 5.0
     worst = merge_error()
     print(f"\nminute layer vs raw query: worst relative error of mean/stddev {worst:.2e} (target 1e-9)")
     failed += worst > 1e-9

@@ -13,6 +13,8 @@ deadline well under Cloud Scheduler's.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,12 +36,14 @@ from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
     OTHER_ROWS,
+    REFRESH_FAILED,
     TICK_READ_TYPES,
     Query,
     TickWindows,
     append_sql,
     refresh_statement,
     tick_read_query,
+    with_refresh_status,
     with_rows_of,
     write_script,
 )
@@ -241,14 +245,42 @@ class BigQueryStore:
         sql = query.sql
         if changed:
             sql = with_rows_of(sql, TICK_READ_TYPES, self._overrides_table, OVERRIDE_TYPES)
-        script = f"{refresh_statement(rollup)}\n{sql}" if rollup else sql
-        result = self._read(script, query.params, "rollup" if rollup else "evaluate", deadline)
+        if rollup:
+            script = f"{refresh_statement(rollup)}\n{with_refresh_status(sql)}"
+            result = self._note_refresh(self._read(script, query.params, "rollup", deadline), now)
+        else:
+            result = self._read(sql, query.params, "evaluate", deadline)
         if changed:
             other = result.column(OTHER_ROWS).to_numpy(zero_copy_only=False).astype(bool)
             rows = result.filter(pa.array(other)).select([f"other_{n}" for n in OVERRIDE_TYPES])
             overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES))))
             result = result.filter(pa.array(~other)).drop_columns([f"other_{n}" for n in OVERRIDE_TYPES] + [OTHER_ROWS])
         return TickRead(result, overrides)
+
+    def _note_refresh(self, result: pa.Table, now: datetime) -> pa.Table:
+        """The read's rows without the refresh status, which is logged when the refresh failed.
+
+        A failed refresh costs the tick nothing but bytes: the view still answered, from its
+        data plus the base table's rows newer than its last refresh, which the read billed.
+        With no row at all the status is not known (and nothing was read to speak of).
+        """
+        failed = result.column(REFRESH_FAILED).to_pylist()
+        result = result.drop_columns([REFRESH_FAILED])
+        self._cost["refresh_failed"] = any(failed)
+        if any(failed):
+            line = {
+                "severity": "WARNING",
+                "message": (
+                    f"refreshing {self.settings.rollup_table} failed (another refresh overlapping it, or a"
+                    " backlog over the byte cap; the failed child job is in INFORMATION_SCHEMA.JOBS): the tick"
+                    " read the view anyway, current through the base table's newer rows"
+                    f" ({self._cost.get('bytes_billed')} bytes billed)"
+                ),
+                "evaluated_at": now.isoformat(),
+                "bytes_billed": self._cost.get("bytes_billed"),
+            }
+            sys.stderr.write(json.dumps(line) + "\n")
+        return result
 
     def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
         """Every override row written at or before `until`; none when the table does not exist."""

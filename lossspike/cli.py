@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -11,7 +12,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lossspike.rule import Thresholds
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
+from lossspike.sql import Selection
 from lossspike.times import format_rfc3339, parse_rfc3339, wall_clock
 
 # The demo keeps its synthetic fleet out of the user's own database.
@@ -21,20 +24,11 @@ DEMO_DATABASE = "lossspike-demo.duckdb"
 # lookback) keeps that grid to tens of MB per run and bounds a typo's cost.
 MAX_BACKTEST_MINUTES = 45 * 24 * 60
 # Settings a command line can override; backend and cloud settings come from the environment.
-_RULE_FLAGS = (
-    "service",
-    "metric",
-    "run_pattern",
-    "run_ids",
-    "execution_uids",
-    "baseline_minutes",
-    "recent_minutes",
-    "sigma",
-    "min_rise",
-    "min_baseline_samples",
-    "min_recent_samples",
-    "reference",
-    "stall_minutes",
+_RULE_FLAGS = tuple(
+    o.key
+    for o in OPTIONS
+    if o.key in {f.name for f in dataclasses.fields(Thresholds)} | {f.name for f in dataclasses.fields(Selection)}
+    or o.key in ("detectors", "attempts", "checks")
 )
 
 
@@ -120,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--non-hero-runs", type=int, default=0, help="other runs logging to the same table [0]")
     cost.add_argument("--partition", choices=("DAY", "HOUR"), default="HOUR", help="telemetry partitioning [HOUR]")
     cost.add_argument("--paging-runs", type=float, help="runs paging at once (Monitoring points) [1%% of runs]")
+    cost.add_argument(
+        "--horizon-minutes", type=int, default=60, help="longest window the rules read from the view [60]"
+    )
+    cost.add_argument(
+        "--rollup-rows-per-run-minute", type=float, default=2.2, help="the view's rows per run and minute [2.2]"
+    )
+    cost.add_argument(
+        "--buffer-minutes", type=float, default=0.0, help="minutes new rows sit in the streaming buffer [0]"
+    )
     cost.add_argument("--format", choices=("table", "json"), default="table")
     cost.add_argument(
         "--actual",
@@ -514,7 +517,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
     if args.rollup_table:
-        from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query
+        from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query, with_refresh_status
 
         windows = tick_windows(settings, now.replace(second=0, microsecond=0))
         read = tick_read_query(
@@ -524,7 +527,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
             telemetry_table=settings.telemetry_table,
             rollup_table=settings.rollup_table,
         )
-        text = f"{refresh_statement(settings.rollup_table)}\n{read.sql}"
+        text = f"{refresh_statement(settings.rollup_table)}\n{with_refresh_status(read.sql)}"
         view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2))
         query = type(read)(text, read.params)
         footer = f"\n\n-- the view's query (Terraform: terraform/sql/loss_spike_minutes.sql)\n{view}\n"
@@ -657,6 +660,9 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             non_hero_runs=args.non_hero_runs,
             partition=args.partition,
             paging_runs=max(args.runs, 0) / 100 if args.paging_runs is None else args.paging_runs,
+            horizon_minutes=args.horizon_minutes,
+            rollup_rows_per_run_minute=args.rollup_rows_per_run_minute,
+            buffer_minutes=args.buffer_minutes,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

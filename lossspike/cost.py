@@ -1,13 +1,21 @@
-"""What the alert costs: BigQuery bytes billed per tick and per month, and Cloud Monitoring ingestion.
+"""What the alert costs: BigQuery bytes billed per tick and per month, its floor, and what else bills.
 
-A billing model applied to the statements a tick sends. Each SELECT is priced
-from the tables it scans: the columns it references (BigQuery bills columns,
-not rows) times the rows of the partitions its time filter leaves, at least
-10 MB per table. A rollup refresh bills the telemetry rows that arrived since
-the previous refresh, in the columns the view reads. An INSERT's target is
-written, not scanned. `tick_statements` builds the statements with the very
-functions the BigQuery store uses; the cost benchmark prices the statements
-captured from a real tick instead.
+Two ways to price, one billing model. `estimate` (the `lossspike cost` command) is
+plain arithmetic over a Fleet, so a user's install runs it without the test
+extras. `price_statement` prices the SQL a real tick sent (the cost benchmark
+captures it at a proxy); it parses with sqlglot, imported only there. A test
+keeps the two in step.
+
+The model: a statement bills the referenced columns of every row in the
+partitions its time filter leaves, at least 10 MiB per table referenced; a
+clustered table's blocks are pruned only by a filter on its leading clustering
+column (https://cloud.google.com/bigquery/docs/querying-clustered-tables), and
+every figure is shown with and without that pruning. A rollup refresh bills the
+telemetry rows that arrived since the previous refresh, in the columns the view
+reads; a read of the view also bills the base rows newer than its refresh
+("any necessary portions of the base tables",
+https://cloud.google.com/bigquery/docs/materialized-views-intro), at least 10 MiB.
+An INSERT's target is written, not scanned.
 
 Sources: on-demand pricing and its 10 MB minimum per table referenced,
 https://cloud.google.com/bigquery/pricing#on_demand_pricing ; DML billed by the
@@ -20,26 +28,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import sqlglot
-from sqlglot import exp
-
-from lossspike.rule import Thresholds
 from lossspike.schema import ALERT_COLUMNS
-from lossspike.settings import Settings
-from lossspike.sql import (
-    BIGQUERY,
-    Query,
-    Selection,
-    refresh_statement,
-    rollup_view_query,
-    tick_read_query,
-    window_bounds,
-    write_script,
-)
+from lossspike.sql import Query
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -47,14 +41,21 @@ TIB = 2**40
 MIB = 2**20
 # One tick a minute for 30 days.
 TICKS_PER_MONTH = 43_200
+MINUTES_PER_MONTH = TICKS_PER_MONTH
 # BigQuery bills at least 10 MB for every table a statement references.
 MIN_BYTES_PER_TABLE = 10 * MIB
+# SPEC's measure: a steady-state tick with the seed rule bills at most this times its floor
+# (the new rows, plus 10 MiB for each of the view, the base rows newer than its refresh and the
+# alerts table); 1.3 with every detector and check.
+SEED_RATIO_TARGET = 1.15
+DEFAULT_RATIO_TARGET = 1.3
+FLOOR_OTHER_READS = 3
 # Cloud Monitoring: $0.258 per MiB from 150 to 100,000 MiB a month, the first 150 free;
 # an INT64 gauge point counts 8 bytes.
 MONITORING_PRICE_PER_MIB = 0.258
 MONITORING_FREE_MIB = 150
 POINT_BYTES = 8
-# The issue's fleet: 21 Levanter metrics at 1 Hz, ~116 bytes of the columns a tick reads.
+# The issue's fleet: 21 Levanter metrics at 1 Hz, ~116 bytes of the telemetry contract's columns.
 DEFAULT_METRICS, DEFAULT_HZ, DEFAULT_ROW_BYTES = 21, 1.0, 116
 # Telemetry column sizes summing to 116 bytes: 8 per number or time, a string's length + 2
 # ("levanter", "train_loss", a cluster, a run ID, a job ID, a short attempt ID).
@@ -71,7 +72,8 @@ TELEMETRY_BYTES = {
 # Rollup rows per run and minute: a bucket for the loss (1.2: a noisy loss near an integer
 # sometimes splits in two) and one for the run's other metrics, whose loss columns are NULL,
 # and BigQuery counts a NULL as 0 bytes
-# (https://cloud.google.com/bigquery/docs/storage_overview#data_type_sizes).
+# (https://cloud.google.com/bigquery/docs/storage_overview#data_type_sizes). A view keyed by
+# metric as well has more rows per run-minute: Fleet.rollup_rows_per_run_minute.
 LOSS_ROWS_PER_RUN_MINUTE, OTHER_ROWS_PER_RUN_MINUTE = 1.2, 1.0
 _NULL_IN_OTHER_ROWS = ("loss_base", "loss_sum", "loss_sum_squares", "loss_floor", "loss_peak", "last_loss_at")
 LOSS_ROW_BYTES = {
@@ -99,6 +101,12 @@ ROLLUP_BYTES = {
     / ROLLUP_ROWS_PER_RUN_MINUTE
     for name, size in LOSS_ROW_BYTES.items()
 }
+# The columns a tick's read of the view references (lossspike.sql.bucket_groups_query: all but the
+# attempt, which it names only with an explicit list of execution UIDs).
+TICK_READ_COLUMNS = tuple(name for name in LOSS_ROW_BYTES if name != "execution_uid")
+ROLLUP_READ_ROW_BYTES = sum(ROLLUP_BYTES[c] for c in TICK_READ_COLUMNS)
+# The seed rule's longest window: the 60-minute baseline ending at the tick.
+DEFAULT_HORIZON_MINUTES = 60
 # Alert rows: 8 bytes a number or time, strings as in telemetry, a short reason and note.
 ALERT_BYTES = {name: 8 for name in ALERT_COLUMNS} | {
     "cluster": 13,
@@ -110,11 +118,17 @@ ALERT_BYTES = {name: 8 for name in ALERT_COLUMNS} | {
 }
 OVERRIDE_ROWS = 100
 OVERRIDE_ROW_BYTES = 120
-# Where the demo tick of `lossspike cost` lives; names only matter for the output.
-_TELEMETRY, _ROLLUP, _ALERTS = (
+# How often the tick re-reads the override rows when nothing changed (lossspike.bigquery_store).
+OVERRIDES_READS_PER_MONTH = 30 * 24
+# Times of day the bill must not depend on: just after midnight, noon, late evening.
+TIMES_OF_DAY = ("00:10", "12:00", "23:50")
+DAY = datetime(2026, 11, 30, tzinfo=UTC)
+# Where `price_statement` finds the tables a tick names; only the names differ between deployments.
+_TELEMETRY, _ROLLUP, _ALERTS, _OVERRIDES = (
     "project.levanter.telemetry",
     "project.lossspike.loss_spike_minutes",
-    ("project.lossspike.loss_spike_alerts"),
+    "project.lossspike.loss_spike_alerts",
+    "project.lossspike.loss_spike_overrides",
 )
 
 
@@ -131,16 +145,34 @@ class Fleet:
     partition: str = "HOUR"
     # Runs paging at a time (Cloud Monitoring gets points for those only).
     paging_runs: float = 0.0
+    # The view's rows per watched run and minute, and the bytes of the columns a tick reads of one.
+    rollup_rows_per_run_minute: float = ROLLUP_ROWS_PER_RUN_MINUTE
+    rollup_row_bytes: float = ROLLUP_READ_ROW_BYTES
+    # The longest window the tick's rules read from the view, in minutes before the tick.
+    horizon_minutes: int = DEFAULT_HORIZON_MINUTES
+    # Minutes a row waits in the streaming buffer before a refresh can take it: a read of the
+    # view bills those rows from the base table at every tick meanwhile.
+    buffer_minutes: float = 0.0
+    # Alert rows a run writes per tick (the loss row, plus firing checks).
+    alert_rows_per_run: float = 1.0
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("runs", "metrics", "non_hero_runs"):
+        for name in ("runs", "metrics", "non_hero_runs", "horizon_minutes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 problems.append(f"--{name.replace('_', '-')} must be a whole number >= 0, got {value!r}")
-        for name in ("hz", "row_bytes", "paging_runs"):
+        for name in (
+            "hz",
+            "row_bytes",
+            "paging_runs",
+            "rollup_rows_per_run_minute",
+            "rollup_row_bytes",
+            "buffer_minutes",
+            "alert_rows_per_run",
+        ):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 problems.append(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.partition not in ("DAY", "HOUR"):
             problems.append(f"--partition must be DAY or HOUR, got {self.partition!r}")
@@ -151,15 +183,9 @@ class Fleet:
     def telemetry_rows_per_minute(self) -> float:
         return (self.runs + self.non_hero_runs) * self.metrics * self.hz * 60
 
-
-@dataclass(frozen=True)
-class TableModel:
-    """How many rows a table holds per minute of time, partitioned how, and its column sizes."""
-
-    partition_column: str
-    partition_minutes: int
-    rows_per_minute: float
-    column_bytes: dict[str, float]
+    @property
+    def partition_minutes(self) -> int:
+        return 60 if self.partition == "HOUR" else 1440
 
 
 @dataclass
@@ -183,47 +209,423 @@ class TickCost:
         return sum(p.bytes for p in self.parts)
 
 
-def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: str) -> dict[str, TableModel]:
-    """The billing model of every table a tick may touch, for this fleet."""
-    partition = 60 if fleet.partition == "HOUR" else 1440
-    scale = fleet.row_bytes / sum(TELEMETRY_BYTES.values())
-    return {
-        telemetry: TableModel(
-            "timestamp",
-            partition,
-            fleet.telemetry_rows_per_minute,
-            {k: v * scale for k, v in TELEMETRY_BYTES.items()},
-        ),
-        rollup: TableModel("minute", partition, fleet.runs * ROLLUP_ROWS_PER_RUN_MINUTE, ROLLUP_BYTES),
-        alerts: TableModel("evaluated_at", 1440, max(fleet.runs, 1), ALERT_BYTES),
-        overrides: TableModel("", 0, 0.0, {"*": OVERRIDE_ROWS * OVERRIDE_ROW_BYTES}),
-    }
-
-
 def _minutes(moment: datetime) -> float:
     return (moment - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(minutes=1)
 
 
-def _rows_scanned(model: TableModel, start: datetime | None, end: datetime | None, now: datetime) -> tuple[float, str]:
-    """Rows in the partitions a [start, end) filter leaves, filled up to `now`; (rows, how)."""
-    if not model.partition_column:
-        return 1.0, "the whole table"
-    size = model.partition_minutes
-    now_m = _minutes(now)
-    low = math.floor(_minutes(start) / size) * size if start is not None else 0.0
-    high = _minutes(end) if end is not None else now_m
-    high = math.ceil(high / size) * size if end is not None else high
-    span = max(0.0, min(high, now_m) - low)
-    kind = "hour" if size == 60 else "day"
-    return span * model.rows_per_minute, f"{span:,.0f} min of {kind} partitions x {model.rows_per_minute:,.0f} rows/min"
+def scanned_minutes(start: datetime, end: datetime, now: datetime, partition_minutes: int, pruned: bool) -> float:
+    """Minutes of rows a [start, end) filter on the partition column reads, the table filled up to `now`.
+
+    Partition pruning is exact. With `pruned` (the column also leads the clustering) the
+    blocks outside the range are skipped too, so the read is the range itself.
+    """
+    now_m, low, high = _minutes(now), _minutes(start), _minutes(end)
+    if not pruned:
+        low = math.floor(low / partition_minutes) * partition_minutes
+        high = math.ceil(high / partition_minutes) * partition_minutes
+    return max(0.0, min(high, now_m) - low)
+
+
+def _at_least_minimum(scanned: float) -> float:
+    return max(MIN_BYTES_PER_TABLE, scanned)
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:,.2f} MiB"
+
+
+def floor_bytes(fleet: Fleet) -> float:
+    """SPEC's floor of a tick: the rows that arrived since the last tick, plus 10 MiB for each other read."""
+    new_rows = _at_least_minimum(fleet.telemetry_rows_per_minute * fleet.row_bytes)
+    return new_rows + FLOOR_OTHER_READS * MIN_BYTES_PER_TABLE
+
+
+def refresh_part(fleet: Fleet, minutes: float = 1.0) -> Part:
+    """The rollup refresh: the telemetry rows that arrived in the last `minutes`, in the view's columns."""
+    rows = fleet.telemetry_rows_per_minute * minutes
+    scanned = rows * fleet.row_bytes
+    return Part(
+        "rollup refresh (new rows)",
+        "telemetry",
+        _at_least_minimum(scanned),
+        f"{minutes:g} min x {fleet.telemetry_rows_per_minute:,.0f} rows/min x {fleet.row_bytes:g} B"
+        f" = {_mib(scanned)}, at least 10 MiB",
+    )
+
+
+def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
+    """The tick's read of the view: the watched runs' minute rows of its horizon."""
+    start = now - timedelta(minutes=fleet.horizon_minutes)
+    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned)
+    per_minute = fleet.runs * fleet.rollup_rows_per_run_minute
+    scanned = minutes * per_minute * fleet.rollup_row_bytes
+    how = "clustered by minute: the range only" if pruned else f"{fleet.partition.lower()} partitions"
+    return Part(
+        "rollup read",
+        "rollup view",
+        _at_least_minimum(scanned),
+        f"{minutes:,.0f} min ({how}) x {per_minute:,.0f} rows/min x {fleet.rollup_row_bytes:.0f} B"
+        f" = {_mib(scanned)}, at least 10 MiB",
+    )
+
+
+def base_delta_part(fleet: Fleet) -> Part:
+    """The base rows newer than the view's refresh, which a direct read of the view bills too."""
+    rows = fleet.telemetry_rows_per_minute * fleet.buffer_minutes
+    scanned = rows * fleet.row_bytes
+    return Part(
+        "base rows newer than the refresh",
+        "telemetry",
+        _at_least_minimum(scanned),
+        f"{fleet.buffer_minutes:g} min in the streaming buffer x {fleet.telemetry_rows_per_minute:,.0f} rows/min"
+        f" x {fleet.row_bytes:g} B = {_mib(scanned)}, at least 10 MiB (the table is referenced)",
+    )
+
+
+def write_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
+    """The write's existence test: `evaluated_at` of the alert rows its filter leaves (the insert reads nothing)."""
+    if pruned:
+        minutes, how = 1.0, "clustered by evaluated_at: that minute"
+    else:
+        minutes, how = scanned_minutes(now, now + timedelta(minutes=1), now, 1440, False), "the day partition so far"
+    per_minute = max(fleet.runs, 1) * fleet.alert_rows_per_run
+    scanned = minutes * per_minute * ALERT_BYTES["evaluated_at"]
+    return Part(
+        "write: existence test",
+        "alerts",
+        _at_least_minimum(scanned),
+        f"{minutes:,.0f} min ({how}) x {per_minute:,.0f} rows/min x 8 B (evaluated_at)"
+        f" = {_mib(scanned)}, at least 10 MiB",
+    )
+
+
+def raw_read_part(fleet: Fleet, now: datetime) -> Part:
+    """The raw query: every telemetry row of the horizon's partitions (no rollup, e.g. over a telemetry view)."""
+    start = now - timedelta(minutes=fleet.horizon_minutes)
+    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned=False)
+    scanned = minutes * fleet.telemetry_rows_per_minute * fleet.row_bytes
+    return Part(
+        "raw query",
+        "telemetry",
+        _at_least_minimum(scanned),
+        f"{minutes:,.0f} min of {fleet.partition.lower()} partitions x {fleet.telemetry_rows_per_minute:,.0f}"
+        f" rows/min x {fleet.row_bytes:g} B = {_mib(scanned)}, at least 10 MiB",
+    )
+
+
+def tick_cost(fleet: Fleet, now: datetime, rollup: bool = True, pruned: bool = True) -> TickCost:
+    """Every part of one steady-state tick at `now` (a whole minute), with the rollup or the raw query."""
+    if rollup:
+        parts = [refresh_part(fleet), view_read_part(fleet, now, pruned), base_delta_part(fleet)]
+    else:
+        parts = [raw_read_part(fleet, now)]
+    return TickCost([*parts, write_part(fleet, now, pruned)])
+
+
+def monthly(bytes_per_tick: float, per_month: float = TICKS_PER_MONTH) -> float:
+    """Dollars a month for `per_month` statements of `bytes_per_tick`, at list price."""
+    return bytes_per_tick * per_month / TIB * PRICE_PER_TIB
+
+
+def monitoring_monthly(series_per_tick: float) -> tuple[float, float]:
+    """(MiB a month, dollars a month after the free 150 MiB) for gauge points written every tick."""
+    mib = series_per_tick * TICKS_PER_MONTH * POINT_BYTES / MIB
+    return mib, max(0.0, mib - MONITORING_FREE_MIB) * MONITORING_PRICE_PER_MIB
+
+
+# --- Grafana ---------------------------------------------------------------------------------------
+
+# The shipped dashboard (grafana/dashboard.json) and alert rule (grafana/provisioning/alerting/
+# lossspike.yaml) as the bill sees them; tests/test_grafana.py checks this against the files.
+DASHBOARD_REFRESH_MINUTES = 5
+DASHBOARD_RANGE_MINUTES = 180
+RULE_INTERVAL_MINUTES = 1
+# The newest verdicts the table and the rule read: a tick a minute, so ten minutes hold the newest.
+NEWEST_MINUTES = 10
+# How far back the freshness stat looks for the newest verdict: beyond it, it says "no data".
+FRESHNESS_MINUTES = 1440
+# A target's table, the minutes it reads ("range" = the dashboard's time range), its columns.
+DASHBOARD_TARGETS: dict[str, tuple[str, int | str, tuple[str, ...]]] = {
+    "Evaluator freshness": ("alerts", FRESHNESS_MINUTES, ("evaluated_at",)),
+    "Latest verdict per run": (
+        "alerts",
+        NEWEST_MINUTES,
+        (
+            "evaluated_at",
+            "cluster",
+            "run",
+            "job",
+            "reason",
+            "value",
+            "baseline_samples",
+            "reference",
+            "baseline_stddev",
+            "band",
+            "recent_samples",
+            "recent_not_finite",
+            "recent_floor",
+            "recent_peak",
+            "severity",
+            "silenced",
+            "metric",
+            "observed",
+            "threshold",
+        ),
+    ),
+    "Verdict per run": ("alerts", "range", ("evaluated_at", "cluster", "run", "reason")),
+    "Loss against the band A": (
+        "rollup",
+        "range",
+        ("minute", "run_cluster", "run_id", "loss_floor", "loss_finite", "loss_base", "loss_sum"),
+    ),
+    "Loss against the band B": ("alerts", "range", ("evaluated_at", "cluster", "run", "recent_floor", "band")),
+    "Paging episodes": ("alerts", "range", ("evaluated_at", "cluster", "run", "reason", "value")),
+}
+RULE_TARGET = ("alerts", NEWEST_MINUTES, ("evaluated_at", "cluster", "run", "severity", "value"))
+
+
+def _grafana_query_bytes(fleet: Fleet, target: tuple[str, int | str, tuple[str, ...]], pruned: bool) -> float:
+    """One Grafana query at the end of a day's average minute (noon): its table's rows in range x columns."""
+    table, window, columns = target
+    minutes = DASHBOARD_RANGE_MINUTES if window == "range" else int(window)
+    now = DAY.replace(hour=12)
+    if table == "rollup":
+        per_minute = fleet.runs * fleet.rollup_rows_per_run_minute
+        width = sum(ROLLUP_BYTES[c] for c in columns)
+        partition = fleet.partition_minutes
+    else:
+        per_minute = max(fleet.runs, 1) * fleet.alert_rows_per_run
+        width = sum(ALERT_BYTES[c] for c in columns)
+        partition = 1440
+    read = scanned_minutes(now - timedelta(minutes=minutes), now, now, partition, pruned)
+    return _at_least_minimum(read * per_minute * width)
+
+
+def grafana_cost(fleet: Fleet, pruned: bool = True) -> dict[str, Any]:
+    """The shipped dashboard per open browser at its default refresh, and the alert rule, in $/month."""
+    queries = {name: _grafana_query_bytes(fleet, target, pruned) for name, target in DASHBOARD_TARGETS.items()}
+    refresh_bytes = sum(queries.values())
+    refreshes = MINUTES_PER_MONTH / DASHBOARD_REFRESH_MINUTES
+    rule_bytes = _grafana_query_bytes(fleet, RULE_TARGET, pruned)
+    evaluations = MINUTES_PER_MONTH / RULE_INTERVAL_MINUTES
+    return {
+        "dashboard": {
+            "refresh_minutes": DASHBOARD_REFRESH_MINUTES,
+            "range_minutes": DASHBOARD_RANGE_MINUTES,
+            "queries": {name: round(b) for name, b in queries.items()},
+            "bytes_per_refresh": round(refresh_bytes),
+            "dollars_per_month": round(monthly(refresh_bytes, refreshes), 2),
+        },
+        "alert_rule": {
+            "interval_minutes": RULE_INTERVAL_MINUTES,
+            "bytes_per_evaluation": round(rule_bytes),
+            "dollars_per_month": round(monthly(rule_bytes, evaluations), 2),
+        },
+    }
+
+
+# --- the estimate ----------------------------------------------------------------------------------
+
+
+def _at(clock: str, day: datetime) -> datetime:
+    hour, minute = map(int, clock.split(":"))
+    return day.replace(hour=hour, minute=minute)
+
+
+def _parts_json(cost: TickCost) -> list[dict[str, Any]]:
+    return [{"part": p.name, "table": p.table, "bytes": round(p.bytes), "arithmetic": p.arithmetic} for p in cost.parts]
+
+
+def _day_average(fleet: Fleet, day: datetime, rollup: bool, pruned: bool) -> float:
+    """The mean bytes of a tick over a day, sampled every 10 minutes."""
+    samples = [tick_cost(fleet, day + timedelta(minutes=m), rollup, pruned).bytes for m in range(5, 1440, 10)]
+    return sum(samples) / len(samples)
+
+
+def design_cost(fleet: Fleet, rollup: bool, day: datetime = DAY) -> dict[str, Any]:
+    """One design's ticks at each time of day, with and without clustering pruning, against the floor."""
+    floor = floor_bytes(fleet)
+    at = {}
+    for clock in TIMES_OF_DAY:
+        now = _at(clock, day)
+        pruned, unpruned = tick_cost(fleet, now, rollup, True), tick_cost(fleet, now, rollup, False)
+        at[clock] = {
+            "bytes": round(pruned.bytes),
+            "ratio": round(pruned.bytes / floor, 3),
+            "bytes_without_pruning": round(unpruned.bytes),
+            "ratio_without_pruning": round(unpruned.bytes / floor, 3),
+            "parts": _parts_json(pruned),
+        }
+    average = _day_average(fleet, day, rollup, True)
+    return {
+        "at": at,
+        "worst_ratio": max(t["ratio"] for t in at.values()),
+        "worst_ratio_without_pruning": max(t["ratio_without_pruning"] for t in at.values()),
+        "average_bytes_per_tick": round(average),
+        "dollars_per_month": round(monthly(average), 2),
+        "dollars_per_month_without_pruning": round(monthly(_day_average(fleet, day, rollup, False)), 2),
+    }
+
+
+def apart(fleet: Fleet, day: datetime = DAY) -> dict[str, Any]:
+    """What SPEC prices apart from the steady-state tick, in bytes and $/month where it recurs."""
+    noon = day.replace(hour=12)
+    override = OVERRIDE_ROWS * OVERRIDE_ROW_BYTES
+    rerun_rows = 720 * max(fleet.runs, 1) * fleet.alert_rows_per_run
+    rerun = _at_least_minimum(rerun_rows * sum(ALERT_BYTES.values()))
+    per_buffer_minute = fleet.telemetry_rows_per_minute * fleet.row_bytes
+    return {
+        "overrides hourly re-read": {
+            "bytes": MIN_BYTES_PER_TABLE,
+            "dollars_per_month": round(monthly(_at_least_minimum(override), OVERRIDES_READS_PER_MONTH), 2),
+            "arithmetic": "one read of the override table an hour (and after each change): 10 MiB minimum",
+        },
+        "re-run of a minute (MERGE)": {
+            "bytes": round(rerun),
+            "arithmetic": f"MERGE scans the day's alert rows so far, every column (at noon {rerun_rows:,.0f} rows)",
+        },
+        "catch-up after an hour down": {
+            "bytes": round(refresh_part(fleet, 60).bytes),
+            "arithmetic": "one refresh of the hour's rows; BigQuery's automatic refresh takes it past the byte cap",
+        },
+        "streaming buffer, per minute rows wait": {
+            "bytes": round(per_buffer_minute),
+            "dollars_per_month": round(monthly(per_buffer_minute), 2),
+            "arithmetic": "every tick re-reads from the base table the rows not yet refreshable (--buffer-minutes)",
+        },
+        "raw query (no rollup, e.g. a telemetry view)": {
+            "bytes": round(tick_cost(fleet, noon, rollup=False).bytes),
+            "arithmetic": "the horizon's telemetry partitions, every tick (see the raw designs)",
+        },
+    }
+
+
+def estimate(fleet: Fleet, day: datetime | None = None) -> dict[str, Any]:
+    """Bytes a tick and dollars a month, per design and time of day, with each part's arithmetic."""
+    day = (day or DAY).replace(hour=0, minute=0, second=0, microsecond=0)
+    designs: dict[str, Any] = {}
+    for label, rollup, partition in (
+        ("rollup, HOUR partitions", True, "HOUR"),
+        ("rollup, DAY partitions", True, "DAY"),
+        ("raw query, HOUR partitions", False, "HOUR"),
+        ("raw query, DAY partitions", False, "DAY"),
+    ):
+        designs[label] = design_cost(replace(fleet, partition=partition), rollup, day)
+    before = fleet.runs * 2 + 1  # two gauges per run (spiking, not_finite) and the heartbeat
+    after = fleet.paging_runs + 1  # a point per paging run and the heartbeat
+    old_mib, old_dollars = monitoring_monthly(before)
+    new_mib, new_dollars = monitoring_monthly(after)
+    return {
+        "fleet": asdict(fleet),
+        "price_per_tib": PRICE_PER_TIB,
+        "ticks_per_month": TICKS_PER_MONTH,
+        "floor_bytes": round(floor_bytes(fleet)),
+        "ratio_target": SEED_RATIO_TARGET,
+        "designs": designs,
+        "apart": apart(fleet, day),
+        "grafana": grafana_cost(fleet),
+        "grafana_without_pruning": grafana_cost(fleet, pruned=False),
+        "monitoring": {
+            "before": {"series_per_tick": before, "mib_per_month": round(old_mib, 1), "dollars": round(old_dollars, 2)},
+            "after": {"series_per_tick": after, "mib_per_month": round(new_mib, 1), "dollars": round(new_dollars, 2)},
+        },
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    """The estimate for people: per design, bytes per tick by time of day, the parts, $/month."""
+    fleet = report["fleet"]
+    floor = report["floor_bytes"]
+    lines = [
+        f"fleet: {fleet['runs']:,} hero runs + {fleet['non_hero_runs']:,} other runs, {fleet['metrics']} metrics"
+        f" at {fleet['hz']:g} Hz, {fleet['row_bytes']:g} B a row; ${report['price_per_tib']}/TiB,"
+        f" {report['ticks_per_month']:,} ticks a month",
+        f"floor of a tick: {floor / MIB:,.1f} MiB (the new rows, plus 10 MiB each for the view, the base rows"
+        f" newer than its refresh and the alerts table); target <= {report['ratio_target']:g}x",
+    ]
+    for label, design in report["designs"].items():
+        mean = design["average_bytes_per_tick"] / MIB
+        lines += [
+            "",
+            f"{label}: ${design['dollars_per_month']:,.2f}/month (mean {mean:,.1f} MiB a tick);"
+            f" without clustering pruning ${design['dollars_per_month_without_pruning']:,.2f}",
+        ]
+        for clock, tick in design["at"].items():
+            lines.append(
+                f"  at {clock}: {tick['bytes'] / MIB:,.1f} MiB, {tick['ratio']:.3f}x the floor"
+                f" (without pruning {tick['bytes_without_pruning'] / MIB:,.1f} MiB,"
+                f" {tick['ratio_without_pruning']:.3f}x)"
+            )
+            for part in tick["parts"]:
+                lines.append(f"    {part['part']:<34} {part['bytes'] / MIB:>10,.2f} MiB  {part['arithmetic']}")
+    lines += ["", "priced apart:"]
+    for name, item in report["apart"].items():
+        dollars = f", ${item['dollars_per_month']:,.2f}/month" if "dollars_per_month" in item else ""
+        lines.append(f"  {name:<44} {item['bytes'] / MIB:>10,.2f} MiB{dollars}  {item['arithmetic']}")
+    for key, how in (("grafana", "clustering pruning"), ("grafana_without_pruning", "no clustering pruning")):
+        board, rule = report[key]["dashboard"], report[key]["alert_rule"]
+        lines.append(
+            f"Grafana ({how}): the dashboard, refreshing every {board['refresh_minutes']} min over"
+            f" {board['range_minutes'] // 60} h, {board['bytes_per_refresh'] / MIB:,.1f} MiB a refresh:"
+            f" ${board['dollars_per_month']:,.2f}/month per open dashboard; the alert rule every"
+            f" {rule['interval_minutes']} min: ${rule['dollars_per_month']:,.2f}/month"
+        )
+    m = report["monitoring"]
+    lines += [
+        "",
+        f"Cloud Monitoring: {m['after']['series_per_tick']:g} points a tick (paging runs + heartbeat):"
+        f" {m['after']['mib_per_month']:,.1f} MiB, ${m['after']['dollars']:,.2f}/month"
+        f" (two gauges per run would be {m['before']['mib_per_month']:,.1f} MiB, ${m['before']['dollars']:,.2f})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- pricing captured statements (the cost benchmark; needs sqlglot) --------------------------------
+
+
+@dataclass(frozen=True)
+class TableModel:
+    """How many rows a table holds per minute of time, partitioned how, clustered first by what, its columns."""
+
+    partition_column: str
+    partition_minutes: int
+    rows_per_minute: float
+    column_bytes: dict[str, float]
+    leading_cluster_column: str = ""
+
+
+def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: str) -> dict[str, TableModel]:
+    """The billing model of every table a tick may touch, for this fleet, laid out as Terraform makes them."""
+    scale = fleet.row_bytes / sum(TELEMETRY_BYTES.values())
+    return {
+        telemetry: TableModel(
+            "timestamp",
+            fleet.partition_minutes,
+            fleet.telemetry_rows_per_minute,
+            {k: v * scale for k, v in TELEMETRY_BYTES.items()},
+        ),
+        rollup: TableModel(
+            "minute",
+            fleet.partition_minutes,
+            fleet.runs * fleet.rollup_rows_per_run_minute,
+            ROLLUP_BYTES,
+            "minute",
+        ),
+        alerts: TableModel(
+            "evaluated_at", 1440, max(fleet.runs, 1) * fleet.alert_rows_per_run, ALERT_BYTES, "evaluated_at"
+        ),
+        overrides: TableModel("", 0, 0.0, {"*": OVERRIDE_ROWS * OVERRIDE_ROW_BYTES}),
+    }
 
 
 def _bound(value: Any) -> datetime | None:
     return value if isinstance(value, datetime) else None
 
 
-def _time_filter(select: exp.Select, column: str, params: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
+def _time_filter(select: Any, column: str, params: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
     """The [start, end) a SELECT's WHERE puts on `column` through parameters (None where open)."""
+    from sqlglot import exp
+
     where = select.args.get("where")
     start = end = None
     if where is None or not column:
@@ -238,18 +640,21 @@ def _time_filter(select: exp.Select, column: str, params: dict[str, Any]) -> tup
         elif isinstance(node, (exp.LT, exp.LTE)):
             end = value
         else:
-            start, end = value, value + timedelta(microseconds=1) if value else None
+            start, end = value, value + timedelta(minutes=1) if value else None
     return start, end
 
 
-def _table_name(table: exp.Table) -> str:
+def _table_name(table: Any) -> str:
     return ".".join(part for part in (table.catalog, table.db, table.name) if part)
 
 
 def price_select(
-    sql: str, params: dict[str, Any], models: dict[str, TableModel], now: datetime, name: str
+    sql: str, params: dict[str, Any], models: dict[str, TableModel], now: datetime, name: str, pruned: bool = True
 ) -> list[Part]:
-    """The parts a read-only statement bills: per scanned table, referenced columns x partition rows."""
+    """The parts a read-only statement bills: per scanned table, referenced columns x rows its filter leaves."""
+    import sqlglot
+    from sqlglot import exp
+
     parts = []
     for select in sqlglot.parse_one(sql, read="bigquery").find_all(exp.Select):
         source = select.args.get("from") or select.args.get("from_")
@@ -260,37 +665,45 @@ def price_select(
         own = [c for c in select.find_all(exp.Column) if c.find_ancestor(exp.Select) is select]
         columns = sorted({c.name for c in own} & set(model.column_bytes)) or sorted(model.column_bytes)
         width = sum(model.column_bytes[c] for c in columns)
-        start, end = _time_filter(select, model.partition_column, params)
-        rows, how = _rows_scanned(model, start, end, now)
+        if model.partition_column:
+            start, end = _time_filter(select, model.partition_column, params)
+            clustered = pruned and model.leading_cluster_column == model.partition_column
+            end = end or now
+            minutes = scanned_minutes(start or end - timedelta(days=3650), end, now, model.partition_minutes, clustered)
+            rows, how = minutes * model.rows_per_minute, f"{minutes:,.0f} min x {model.rows_per_minute:,.0f} rows/min"
+        else:
+            rows, how = 1.0, "the whole table"
         scanned = rows * width
         parts.append(
-            Part(
-                name,
-                _table_name(table),
-                max(MIN_BYTES_PER_TABLE, scanned),
-                f"{how} x {width:.0f} B ({', '.join(columns)}) = {scanned / MIB:,.2f} MiB, at least 10 MiB",
-            )
+            Part(name, _table_name(table), _at_least_minimum(scanned), f"{how} x {width:.0f} B = {_mib(scanned)}")
         )
     return parts
+
+
+def _view_width(view_sql: str, model: TableModel) -> float:
+    """The bytes of a base row in the columns the view reads."""
+    import sqlglot
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(view_sql, read="bigquery")
+    return sum(model.column_bytes[c] for c in {c.name for c in tree.find_all(exp.Column)} & set(model.column_bytes))
 
 
 def price_refresh(view_sql: str, models: dict[str, TableModel], base: str, minutes: float) -> Part:
     """A rollup refresh: the base table's rows that arrived in the last `minutes`, in the columns the view reads."""
     model = models[base]
-    tree = sqlglot.parse_one(view_sql, read="bigquery")
-    columns = sorted({c.name for c in tree.find_all(exp.Column)} & set(model.column_bytes))
-    width = sum(model.column_bytes[c] for c in columns)
+    width = _view_width(view_sql, model)
     rows = model.rows_per_minute * minutes
     return Part(
         "rollup refresh (new rows)",
         base,
-        max(MIN_BYTES_PER_TABLE, rows * width),
-        f"{minutes:g} min x {model.rows_per_minute:,.0f} rows/min x {width:.0f} B = {rows * width / MIB:,.2f} MiB,"
-        " at least 10 MiB",
+        _at_least_minimum(rows * width),
+        f"{minutes:g} min x {model.rows_per_minute:,.0f} rows/min x {width:.0f} B = {_mib(rows * width)}",
     )
 
 
-_CALL = re.compile(r"^CALL BQ\.REFRESH_MATERIALIZED_VIEW\('([^']+)'\);\n", re.S)
+_REFRESH = re.compile(r"CALL BQ\.REFRESH_MATERIALIZED_VIEW\('([^']+)'\);")
+_REFRESH_END = re.compile(r"^END;\n", re.M)
 _IF_EXISTS = re.compile(r"^IF EXISTS \((.*?)\) THEN\n(.*?)\nELSE\n(.*?);\nEND IF;$", re.S)
 
 
@@ -301,210 +714,121 @@ def price_statement(
     now: datetime,
     views: dict[str, tuple[str, str]],
     since_last_minutes: float = 1.0,
+    buffer_minutes: float = 0.0,
+    pruned: bool = True,
 ) -> list[Part]:
     """Price one job's SQL as the store sends it (a statement or one of its scripts).
 
-    `views` maps a rollup view to (its base table, its query), for refreshes. A
-    write script is priced on its common path: the existence test and the insert.
+    `views` maps a rollup view to (its base table, its query), for refreshes. A read
+    that follows a refresh also bills the base rows newer than it (those still in the
+    streaming buffer, at least 10 MiB). A write script is priced on its common path:
+    the existence test and the insert.
     """
     parts: list[Part] = []
-    call = _CALL.match(sql)
+    call = _REFRESH.search(sql)
     if call:
         base, view_sql = views[call.group(1)]
         parts.append(price_refresh(view_sql, models, base, since_last_minutes))
-        sql = sql[call.end() :]
+        sql = sql[_REFRESH_END.search(sql, call.end()).end() :]
+        delta = models[base].rows_per_minute * buffer_minutes * _view_width(view_sql, models[base])
+        parts.append(
+            Part("base rows newer than the refresh", base, _at_least_minimum(delta), f"{_mib(delta)}, at least 10 MiB")
+        )
     written = _IF_EXISTS.match(sql.strip())
     if written:
-        return parts + price_select(written.group(1), params, models, now, "write: existence test")
-    name = "rollup read" if call else "raw query"
+        return parts + price_select(written.group(1), params, models, now, "write: existence test", pruned)
     if sql.lstrip().upper().startswith("INSERT"):
         return parts
-    return parts + price_select(sql, params, models, now, name)
+    return parts + price_select(sql, params, models, now, "rollup read" if call else "raw query", pruned)
 
 
-def tick_statements(settings: Settings, now: datetime, rollup: bool) -> list[Query]:
-    """The jobs a tick sends at `now`, built by the store's own SQL builders."""
+def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[list[Query], dict[str, Any]]:
+    """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
     from lossspike.evaluate import tick_windows
+    from lossspike.rule import Thresholds
+    from lossspike.settings import Settings
+    from lossspike.sql import (
+        BIGQUERY,
+        Selection,
+        refresh_statement,
+        rollup_view_query,
+        tick_read_query,
+        window_bounds,
+        with_refresh_status,
+        write_script,
+    )
 
+    settings = Settings(
+        backend="bigquery", telemetry_table=_TELEMETRY, alerts_table=_ALERTS, rollup_table=_ROLLUP if rollup else ""
+    )
     read = tick_read_query(
         BIGQUERY,
         settings.selection,
         tick_windows(settings, now),
-        telemetry_table=settings.telemetry_table,
-        rollup_table=settings.rollup_table if rollup else "",
-    )
-    reads = [Query(f"{refresh_statement(settings.rollup_table)}\n{read.sql}", read.params)] if rollup else [read]
-    return [*reads, Query(write_script(settings.alerts_table, ALERT_COLUMNS), {"now": now, "rows": []})]
-
-
-def tick_cost(fleet: Fleet, now: datetime, rollup: bool, thresholds: Thresholds | None = None) -> TickCost:
-    """Every part of one tick at `now`, for the new design (`rollup`) or today's raw query."""
-    thresholds = thresholds or Thresholds()
-    settings = Settings(
-        backend="bigquery",
         telemetry_table=_TELEMETRY,
-        alerts_table=_ALERTS,
         rollup_table=_ROLLUP if rollup else "",
-        thresholds=thresholds,
     )
-    models = tables(fleet, _TELEMETRY, _ROLLUP, _ALERTS, "project.lossspike.loss_spike_overrides")
-    baseline_start, _ = window_bounds(now, thresholds)
+    reads = [Query(f"{refresh_statement(_ROLLUP)}\n{with_refresh_status(read.sql)}", read.params)] if rollup else [read]
+    baseline_start, _ = window_bounds(now, Thresholds())
     views = {_ROLLUP: (_TELEMETRY, rollup_view_query(_TELEMETRY, Selection(), baseline_start))}
-    cost = TickCost()
-    for query in tick_statements(settings, now, rollup):
-        cost.parts += price_statement(query.sql, query.params, models, now, views)
-    if not rollup:
-        # Today's write was a MERGE whose WHEN MATCHED UPDATE scans the target's partition.
-        model = models[_ALERTS]
-        rows, how = _rows_scanned(model, now, now + timedelta(microseconds=1), now)
-        width = sum(model.column_bytes.values())
-        cost.parts = [p for p in cost.parts if not p.name.startswith("write")]
-        cost.parts.append(
-            Part(
-                "write (MERGE)",
-                _ALERTS,
-                max(MIN_BYTES_PER_TABLE, rows * width),
-                f"{how} x {width:.0f} B (every column) = {rows * width / MIB:,.2f} MiB, at least 10 MiB",
-            )
-        )
-    else:
-        cost.parts.append(
-            Part(
-                "overrides",
-                "project.lossspike.loss_spike_overrides",
-                0.0,
-                "read in the tick's statement only after the table changed (its free metadata says so) and"
-                " hourly: 10 MiB those ticks",
-            )
-        )
-    return cost
+    return [*reads, Query(write_script(_ALERTS, ALERT_COLUMNS), {"now": now, "rows": []})], views
 
 
-def monthly(bytes_per_tick: float) -> float:
-    """Dollars a month for a tick of `bytes_per_tick`, every minute, at list price."""
-    return bytes_per_tick * TICKS_PER_MONTH / TIB * PRICE_PER_TIB
+def statement_models(fleet: Fleet) -> dict[str, TableModel]:
+    """`tables` for the names `tick_statements` uses."""
+    return tables(fleet, _TELEMETRY, _ROLLUP, _ALERTS, _OVERRIDES)
 
 
-def monitoring_monthly(series_per_tick: float) -> tuple[float, float]:
-    """(MiB a month, dollars a month after the free 150 MiB) for gauge points written every tick."""
-    mib = series_per_tick * TICKS_PER_MONTH * POINT_BYTES / MIB
-    return mib, max(0.0, mib - MONITORING_FREE_MIB) * MONITORING_PRICE_PER_MIB
-
-
-# Times of day the bill must not depend on (issue 8): just after midnight, noon, late evening.
-TIMES_OF_DAY = ("00:10", "12:00", "23:50")
-
-
-def estimate(fleet: Fleet, day: datetime | None = None) -> dict[str, Any]:
-    """Bytes a tick and dollars a month, per design and time of day, with each part's arithmetic."""
-    day = (day or datetime(2026, 11, 30, tzinfo=UTC)).replace(hour=0, minute=0, second=0, microsecond=0)
-    designs: dict[str, Any] = {}
-    for label, rollup, partition in (
-        ("raw query, DAY partitions", False, "DAY"),
-        ("raw query, HOUR partitions", False, "HOUR"),
-        ("rollup, DAY partitions", True, "DAY"),
-        ("rollup, HOUR partitions", True, "HOUR"),
-    ):
-        shaped = replace(fleet, partition=partition)
-        at = {}
-        for clock in TIMES_OF_DAY:
-            hour, minute = map(int, clock.split(":"))
-            cost = tick_cost(shaped, day.replace(hour=hour, minute=minute), rollup)
-            at[clock] = {
-                "bytes": round(cost.bytes),
-                "parts": [
-                    {"part": p.name, "table": p.table, "bytes": round(p.bytes), "arithmetic": p.arithmetic}
-                    for p in cost.parts
-                ],
-            }
-        average = _day_average(shaped, day, rollup)
-        spread = max(v["bytes"] for v in at.values()) / min(v["bytes"] for v in at.values())
-        designs[label] = {
-            "at": at,
-            "average_bytes_per_tick": round(average),
-            "dollars_per_month": round(monthly(average), 2),
-            "spread": round(spread, 3),
-        }
-    before = fleet.runs * 2 + 1  # two gauges per run (spiking, not_finite) and the heartbeat
-    after = fleet.paging_runs + 1  # a point per paging run and the heartbeat
-    old_mib, old_dollars = monitoring_monthly(before)
-    new_mib, new_dollars = monitoring_monthly(after)
-    return {
-        "fleet": fleet.__dict__,
-        "price_per_tib": PRICE_PER_TIB,
-        "ticks_per_month": TICKS_PER_MONTH,
-        "designs": designs,
-        "monitoring": {
-            "before": {"series_per_tick": before, "mib_per_month": round(old_mib, 1), "dollars": round(old_dollars, 2)},
-            "after": {"series_per_tick": after, "mib_per_month": round(new_mib, 1), "dollars": round(new_dollars, 2)},
-        },
-    }
-
-
-def _day_average(fleet: Fleet, day: datetime, rollup: bool) -> float:
-    """The mean bytes of a tick over a day, sampled every 10 minutes."""
-    samples = [tick_cost(fleet, day + timedelta(minutes=m), rollup).bytes for m in range(5, 1440, 10)]
-    return sum(samples) / len(samples)
-
-
-def render(report: dict[str, Any]) -> str:
-    """The estimate for people: per design, bytes per tick by time of day, the parts, $/month."""
-    fleet = report["fleet"]
-    lines = [
-        f"fleet: {fleet['runs']:,} hero runs + {fleet['non_hero_runs']:,} other runs, {fleet['metrics']} metrics"
-        f" at {fleet['hz']:g} Hz, {fleet['row_bytes']:g} B a row; ${report['price_per_tib']}/TiB,"
-        f" {report['ticks_per_month']:,} ticks a month",
-    ]
-    for label, design in report["designs"].items():
-        mean = design["average_bytes_per_tick"] / MIB
-        lines += ["", f"{label}: ${design['dollars_per_month']:,.2f}/month (mean {mean:,.1f} MiB a tick)"]
-        for clock, tick in design["at"].items():
-            lines.append(f"  at {clock}: {tick['bytes'] / MIB:,.1f} MiB")
-            for part in tick["parts"]:
-                lines.append(f"    {part['part']:<26} {part['bytes'] / MIB:>10,.2f} MiB  {part['arithmetic']}")
-        lines.append(f"  largest / smallest tick: {design['spread']:.3f}")
-    m = report["monitoring"]
-    lines += [
-        "",
-        f"Cloud Monitoring: {m['after']['series_per_tick']:g} points a tick (paging runs + heartbeat):"
-        f" {m['after']['mib_per_month']:,.1f} MiB, ${m['after']['dollars']:,.2f}/month"
-        f" (two gauges per run would be {m['before']['mib_per_month']:,.1f} MiB, ${m['before']['dollars']:,.2f})",
-    ]
-    return "\n".join(lines) + "\n"
+# --- what BigQuery says it billed --------------------------------------------------------------------
 
 
 def actual_query(since: datetime, location: str) -> Query:
-    """Bytes billed per day by the jobs labelled app=lossspike, from INFORMATION_SCHEMA.JOBS.
+    """Bytes billed per day and statement kind by the jobs labelled app=lossspike, from INFORMATION_SCHEMA.JOBS.
 
     A script's parent job repeats its children's totals, so SCRIPT rows are left out
-    (https://cloud.google.com/bigquery/docs/information-schema-jobs).
+    (https://cloud.google.com/bigquery/docs/information-schema-jobs). The tick's SELECT
+    child is its read of the view, which includes the base rows newer than the refresh.
     """
     region = f"region-{location.lower()}"
     if not re.fullmatch(r"region-[a-z0-9-]+", region):
         raise ValueError(f"invalid BigQuery location {location!r}")
     sql = f"""SELECT
   DATE(creation_time) AS day,
+  statement_type,
   COUNT(*) AS jobs,
   SUM(total_bytes_billed) AS bytes_billed
 FROM `{region}`.INFORMATION_SCHEMA.JOBS
 WHERE creation_time >= @since
   AND statement_type != 'SCRIPT'
   AND EXISTS (SELECT 1 FROM UNNEST(labels) AS label WHERE label.key = 'app' AND label.value = 'lossspike')
-GROUP BY day
-ORDER BY day"""
+GROUP BY day, statement_type
+ORDER BY day, statement_type"""
     return Query(sql, {"since": since})
 
 
+# What each statement kind of a tick is, for people.
+_STATEMENT_KINDS = {
+    "SELECT": "reads: the view, with the base rows newer than its refresh",
+    "CALL": "the view's refresh",
+    "INSERT": "the write",
+    "MERGE": "a re-run's write",
+}
+
+
 def render_actual(rows: list[dict[str, Any]]) -> str:
-    """Bytes billed per day and the month they project to."""
+    """Bytes billed per day and statement kind, and the month they project to."""
     if not rows:
         return "no job labelled app=lossspike in INFORMATION_SCHEMA.JOBS for that period\n"
-    lines = [f"{'day':<12} {'jobs':>8} {'GiB billed':>12} {'$ at list':>10}"]
+    lines = [f"{'day':<12} {'statement':<10} {'jobs':>8} {'GiB billed':>12} {'$ at list':>10}"]
+    days: dict[str, float] = {}
     for row in rows:
         billed = float(row["bytes_billed"] or 0)
+        kind = str(row.get("statement_type") or "")
+        days[str(row["day"])] = days.get(str(row["day"]), 0.0) + billed
         lines.append(
-            f"{row['day']!s:<12} {row['jobs']:>8,} {billed / 2**30:>12,.2f} {billed / TIB * PRICE_PER_TIB:>10,.2f}"
+            f"{row['day']!s:<12} {kind:<10} {row['jobs']:>8,} {billed / 2**30:>12,.2f}"
+            f" {billed / TIB * PRICE_PER_TIB:>10,.2f}  {_STATEMENT_KINDS.get(kind, '')}".rstrip()
         )
-    mean = sum(float(r["bytes_billed"] or 0) for r in rows) / len(rows)
+    mean = sum(days.values()) / len(days)
     lines.append(f"mean {mean / 2**30:,.2f} GiB a day: about ${mean * 30 / TIB * PRICE_PER_TIB:,.2f} for 30 days")
     return "\n".join(lines) + "\n"

@@ -6,12 +6,15 @@ axis is the minutes before `now`, oldest first (index -1 is the minute just befo
 backtest once for all its runs and ticks. Minutes without a finite loss are NaN and
 are skipped, so eval pauses and slow steps never count as levels.
 
-- level_shift: the recent window's every minute sits above the local level (the
-  median minute mean of the ten minutes before the window) by more than
-  max(shift_min_rise, shift_sigma x the robust minute-to-minute spread). A median
-  ignores one outlier minute, minute-to-minute differences ignore a trend, and the
-  newest attempt alone means a restart's rewind is never compared with the attempt
-  before it.
+- level_shift: every minute of the recent window has its floor (lowest loss) above the
+  baseline's trend by more than max(shift_min_rise, shift_sigma x the robust
+  minute-to-minute spread of the floors), and a step of at least half that leads into
+  the window. The trend is a line through the medians of two ten-minute halves of the
+  twenty minutes before the window, extrapolated only when it falls: a falling loss does
+  not hide a shift, medians ignore one outlier minute, floors ignore a burst shorter than
+  the window (it cannot lift the floor of the minutes it only partly covers), the step
+  tells a shift from a loss that flattens after a fast fall, and the newest attempt
+  alone means a restart's rewind is never compared with the attempt before it.
 - slow_divergence: the median minute mean of the last ten minutes sits more than
   divergence_min_rise above the best (lowest) ten-minute block mean of the horizon.
 - instability: excursions, minutes whose peak clears the median of the ten minutes
@@ -30,9 +33,21 @@ from lossspike.minutes import Partial
 from lossspike.rule import INSTABILITY, LEVEL_SHIFT, MIN_DETECTOR_BASELINE_MINUTES, SLOW_DIVERGENCE
 from lossspike.sql import HISTORY_BLOCK_MINUTES
 
-# The local level is the median of this many minutes: long enough that one outlier minute
-# is outvoted, short enough to follow a falling loss within minutes.
+# Slow divergence's current level is the median of this many minutes: long enough that one
+# outlier minute is outvoted, short enough to follow the loss within minutes.
 LEVEL_MINUTES = 10
+# level_shift's trend comes from this many minutes before the recent window, in two halves
+# whose medians outvote an outlier minute: long enough for a slope, short enough that a loss
+# which stopped falling ten minutes ago no longer extrapolates its old slope far.
+FIT_MINUTES = 20
+# A slope counts when the halves' medians differ by this many of their standard errors...
+TREND_SIGMAS = 3.0
+# ...a median's standard error being about 1.25 times a mean's (sqrt(pi / 2))...
+_MEDIAN_NOISE = 1.2533
+# ...and each half holds at least this many minutes with data.
+MIN_HALF_MINUTES = 3
+# The step that starts a shift lies in the recent window or these few minutes before it.
+JUMP_MINUTES = 5
 # A level needs at least this many minutes with data in the recent window: one minute is a
 # transient, not a level.
 MIN_RECENT_MINUTES = 2
@@ -115,19 +130,50 @@ def recent_width(samples: np.ndarray, recent: int, widest: int) -> np.ndarray:
 
 
 def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> Finding:
-    """The recent minutes' lowest mean against the local level (see the module's doc)."""
+    """The recent minutes' floors against the baseline's falling trend (see the module's doc).
+
+    Observed is the smallest rise of a recent minute's floor over the trend line; the
+    limit is max(min_rise, sigma x spread). A jump between two consecutive minutes of at
+    least half that limit must lead into the window: a shift is a step, while a loss that
+    flattens after a fast fall leaves the line only gradually.
+    """
     minutes = grid.n.shape[-1]
-    means = minute_means(grid)
+    floors = np.where(grid.n > 0, grid.floor, np.nan)
     data = grid.n > 0
     idx = np.arange(minutes)
-    recent = idx >= (minutes - width)[..., None]
+    start = (minutes - width)[..., None]
+    recent = idx >= start
     base = data & ~recent
-    near = base & (idx >= (minutes - width - LEVEL_MINUTES)[..., None])
-    level = _quiet(np.nanmedian, np.where(near, means, np.nan), axis=-1)
-    limit = level + np.maximum(min_rise, sigma * np.nan_to_num(spread(means, base)))
-    observed = _quiet(np.nanmin, np.where(recent & data, means, np.nan), axis=-1)
+    fit = base & (idx >= start - FIT_MINUTES)
+    middle = start - FIT_MINUTES / 2
+    halves = [fit & (idx < middle), fit & (idx >= middle)]
+    levels = [_quiet(np.nanmedian, np.where(h, floors, np.nan), axis=-1) for h in halves]
+    times = [_quiet(np.nanmedian, np.where(h, idx, np.nan), axis=-1) for h in halves]
+    noise = np.nan_to_num(spread(floors, base))
+    counts = [h.sum(axis=-1) for h in halves]
+    # Only a falling trend is extrapolated (a rising one is what the detectors look for), and
+    # only one the halves' medians show beyond their noise: a slope guessed from a few noisy
+    # minutes of a slow run would extrapolate into a false page.
+    fall = levels[0] - levels[1]
+    doubt = (
+        TREND_SIGMAS
+        * _MEDIAN_NOISE
+        * noise
+        * np.sqrt(_quiet(np.divide, 1.0, counts[0]) + _quiet(np.divide, 1.0, counts[1]))
+    )
+    clear = (counts[0] >= MIN_HALF_MINUTES) & (counts[1] >= MIN_HALF_MINUTES) & (fall > doubt)
+    slope = np.where(clear, np.nan_to_num(_quiet(np.divide, -fall, times[1] - times[0])), 0.0)
+    trend = levels[1][..., None] + slope[..., None] * (idx - times[1][..., None])
+    rises = floors - trend
+    limit = np.maximum(min_rise, sigma * noise)
+    observed = _quiet(np.nanmin, np.where(recent & data, rises, np.nan), axis=-1)
+    before = _previous(data)
+    steps = floors - np.take_along_axis(floors, np.maximum(before, 0), axis=-1)
+    near = data & (before >= 0) & (idx >= start - JUMP_MINUTES)
+    jump = _quiet(np.nanmax, np.where(near, steps, np.nan), axis=-1)
     enough = (base.sum(axis=-1) >= MIN_DETECTOR_BASELINE_MINUTES) & ((recent & data).sum(axis=-1) >= MIN_RECENT_MINUTES)
-    return Finding(enough & np.isfinite(level) & (observed > limit), observed, limit)
+    fired = enough & np.isfinite(levels[1]) & (observed > limit) & (jump >= limit / 2)
+    return Finding(fired, observed, limit)
 
 
 def block_sums(grid: Partial, stop: int) -> tuple[np.ndarray, np.ndarray]:

@@ -656,13 +656,36 @@ def tick_read_query(
     return Query(prefix + "\nUNION ALL\n".join(parts), params)
 
 
+# The script variable the refresh sets when it failed, and the column the read carries it in.
+REFRESH_FAILED = "refresh_failed"
+
+
 def refresh_statement(rollup_table: str) -> str:
-    """Bring the rollup view up to date before reading it: it then holds every row that arrived.
+    """Bring the rollup view up to date before reading it, without letting a failed refresh fail the tick.
 
     Reading a view that is behind makes BigQuery read the base table's changes since
-    its last refresh at every query; refreshing each tick keeps that delta to about a minute.
+    its last refresh at every query; refreshing each tick keeps that delta to about a
+    minute. Rows still in the streaming buffer may not be in a refresh; a direct read of
+    the view includes them from the base table, so it is always current
+    (https://cloud.google.com/bigquery/docs/materialized-views-use#query). Two refreshes
+    that overlap (the automatic one, a duplicated tick) let only the first to complete
+    succeed (https://cloud.google.com/bigquery/docs/materialized-views-manage#manual-refresh):
+    the failure is caught (BEGIN ... EXCEPTION WHEN ERROR THEN ... END,
+    https://cloud.google.com/bigquery/docs/reference/standard-sql/procedural-language#beginexceptionend)
+    and the script reads the view anyway, marking REFRESH_FAILED (a DECLARE must open the
+    script, same page). The read goes through `with_refresh_status`.
     """
-    return f"CALL BQ.REFRESH_MATERIALIZED_VIEW('{validate_table(rollup_table)}');"
+    return f"""DECLARE {REFRESH_FAILED} BOOL DEFAULT FALSE;
+BEGIN
+  CALL BQ.REFRESH_MATERIALIZED_VIEW('{validate_table(rollup_table)}');
+EXCEPTION WHEN ERROR THEN
+  SET {REFRESH_FAILED} = TRUE;
+END;"""
+
+
+def with_refresh_status(read_sql: str) -> str:
+    """`read_sql` after `refresh_statement`: its rows, each carrying whether the refresh failed."""
+    return f"SELECT reads.*, {REFRESH_FAILED} AS {REFRESH_FAILED}\nFROM (\n{read_sql}\n) AS reads"
 
 
 def write_script(alerts_table: str, columns: tuple[str, ...]) -> str:

@@ -246,6 +246,20 @@ MUTANTS = [
         "codes = history.codes",
         ["tests/test_labels.py", "tests/test_backtest.py"],
     ),
+    Mutant(
+        "a failed rollup refresh fails the tick",
+        "lossspike/sql.py",
+        "EXCEPTION WHEN ERROR THEN\n  SET {REFRESH_FAILED} = TRUE;",
+        "EXCEPTION WHEN ERROR THEN\n  RAISE;",
+        ["tests/test_rollup_cloud.py::test_a_failed_refresh_still_gives_the_tick_its_verdict"],
+    ),
+    Mutant(
+        "cost: the view read ignores clustering pruning",
+        "lossspike/cost.py",
+        "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned)",
+        "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, False)",
+        ["tests/test_cost.py"],
+    ),
 ]
 
 

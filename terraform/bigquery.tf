@@ -13,6 +13,14 @@ resource "google_bigquery_dataset" "alerts" {
 
 # One row per watched run per tick. The schema is lossspike/alerts_schema.json, shared with
 # the Python code that writes the rows.
+#
+# Clustered by evaluated_at first: every reader filters a recent time range (the tick's existence
+# test one minute, the Grafana rule and table the last minutes, the dashboard its range), and
+# BigQuery prunes blocks inside a day partition only by a filter on the leading clustering column
+# (https://cloud.google.com/bigquery/docs/querying-clustered-tables). A table deployed with the
+# older clustering (cluster, run, reason) can be changed in place before the apply:
+# `bq update --clustering_fields=evaluated_at,cluster,run,reason PROJECT:DATASET.loss_spike_alerts`
+# (https://cloud.google.com/bigquery/docs/manage-clustered-tables#modifying-cluster-spec).
 resource "google_bigquery_table" "alerts" {
   #checkov:skip=CKV_GCP_80:Alert verdicts are not sensitive; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
   project             = var.project_id
@@ -22,7 +30,7 @@ resource "google_bigquery_table" "alerts" {
   deletion_protection = var.deletion_protection
   labels              = local.labels
   schema              = file("${path.module}/../lossspike/alerts_schema.json")
-  clustering          = ["cluster", "run", "reason"]
+  clustering          = ["evaluated_at", "cluster", "run", "reason"]
 
   time_partitioning {
     type          = "DAY"
@@ -92,27 +100,44 @@ resource "google_bigquery_table" "telemetry" {
 # once, plus the watched runs' minute rows of the hour, never the day so far. BigQuery requires
 # a partitioned view to use the base table's partition granularity (DAY or HOUR):
 # https://cloud.google.com/bigquery/docs/materialized-views-create#partitioned_materialized_views
+#
+# Clustered by metric role, then `minute`: every part of the tick's read (loss minutes,
+# evaluation minutes, the other metrics' minutes) filters the role first and then the minute
+# range of its windows, not a run, and BigQuery prunes the blocks of a clustered table by
+# filters on its clustering columns in their order
+# (https://cloud.google.com/bigquery/docs/querying-clustered-tables). Each role's blocks are
+# sorted by minute, so within a DAY partition the minute filter still prunes: a part touches the
+# blocks of its window, not the whole day so far (`lossspike cost` prices it with and without
+# that pruning).
+#
+# No partition expiration: a materialized view cannot carry one; its partitions expire with the
+# base table's ("Partition expiration can't be set on materialized views. A materialized view
+# implicitly inherits the partition expiration time from the base table",
+# https://cloud.google.com/bigquery/docs/materialized-views-create#partition_expiration).
+#
 # Changing the service, a metric name, the run pattern or the run list changes the query, which
 # replaces the view: the new view reads the telemetry since `local.rollup_since` once (the
 # longest horizon a tick reads, a day for the evaluation loss, plus an hour; `lossspike cost`
 # prices a rebuild), and the first ticks are not blind.
+# `rollup_enabled = false` leaves it out (a telemetry view BigQuery cannot build one on): the
+# tick then runs the raw query.
 resource "google_bigquery_table" "rollup" {
   #checkov:skip=CKV_GCP_80:Per-minute loss aggregates; Google-managed encryption applies. Add encryption_configuration in a fork if your policy needs CMEK.
   #checkov:skip=CKV_GCP_121:A view derived from telemetry: changing the run pattern must replace it, and replacing rebuilds it from telemetry.
+  count = var.rollup_enabled ? 1 : 0
+
   project             = var.project_id
   dataset_id          = google_bigquery_dataset.alerts.dataset_id
   table_id            = local.rollup_table_name
   description         = "lossspike per-minute buckets (loss, evaluation loss, check metrics) since ${local.rollup_since} UTC; rebuilt when service_name, metric_name, a check metric name, run_pattern or run_ids change."
   deletion_protection = false
   labels              = local.labels
-  # The tick reads each part (loss minutes, evaluation minutes, the other metrics' minutes) by
-  # metric role, then by minute range: both lead the clustering, so each part prunes.
+  # Metric role, then minute: see the comment above.
   clustering = ["metric", "minute", "run_id"]
 
   time_partitioning {
-    type          = var.telemetry_partition_type
-    field         = "minute"
-    expiration_ms = var.rollup_retention_days * 86400000
+    type  = var.telemetry_partition_type
+    field = "minute"
   }
 
   materialized_view {
@@ -138,6 +163,8 @@ resource "google_bigquery_table" "rollup" {
 # When the view was (re)built: it holds telemetry from an hour before the longest horizon a
 # tick reads on (local.rollup_since).
 resource "time_static" "rollup_built" {
+  count = var.rollup_enabled ? 1 : 0
+
   triggers = {
     telemetry_table = var.telemetry_table
     service         = var.service_name

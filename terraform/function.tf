@@ -38,5 +38,6 @@ resource "google_cloudfunctions2_function" "evaluator" {
     google_bigquery_table_iam_member.overrides_viewer,
     google_project_iam_member.function_job_user,
     google_project_iam_member.function_metric_writer,
+    google_project_iam_member.function_series_reader,
   ]
 }

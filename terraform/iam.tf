@@ -65,9 +65,11 @@ resource "google_bigquery_table_iam_member" "overrides_viewer" {
 # Refresh the rollup view before each read: a manual refresh needs bigquery.tables.updateData
 # on the view (https://cloud.google.com/bigquery/docs/materialized-views-manage#refresh).
 resource "google_bigquery_table_iam_member" "rollup_editor" {
+  count = var.rollup_enabled ? 1 : 0
+
   project    = var.project_id
   dataset_id = google_bigquery_dataset.alerts.dataset_id
-  table_id   = google_bigquery_table.rollup.table_id
+  table_id   = google_bigquery_table.rollup[0].table_id
   role       = "roles/bigquery.dataEditor"
   member     = "serviceAccount:${google_service_account.function.email}"
 }
@@ -83,6 +85,25 @@ resource "google_project_iam_member" "function_job_user" {
 resource "google_project_iam_member" "function_metric_writer" {
   project = var.project_id
   role    = "roles/monitoring.metricWriter"
+  member  = "serviceAccount:${google_service_account.function.email}"
+}
+
+# A re-run of a minute reads its refused points back (lossspike/monitoring.py) to tell "already
+# written" from "kept another value". roles/monitoring.metricWriter is write-only
+# (https://cloud.google.com/monitoring/access-control) and roles/monitoring.viewer would also read
+# every dashboard, policy and channel; this role holds the one permission ListTimeSeries needs
+# (https://cloud.google.com/iam/docs/roles-permissions/monitoring).
+resource "google_project_iam_custom_role" "series_reader" {
+  project     = var.project_id
+  role_id     = "${replace(var.name, "-", "_")}_series_reader"
+  title       = "lossspike series reader"
+  description = "Reads back the time series the lossspike evaluator wrote (a re-run's refused points)."
+  permissions = ["monitoring.timeSeries.list"]
+}
+
+resource "google_project_iam_member" "function_series_reader" {
+  project = var.project_id
+  role    = google_project_iam_custom_role.series_reader.id
   member  = "serviceAccount:${google_service_account.function.email}"
 }
 
@@ -116,6 +137,25 @@ resource "google_storage_bucket_iam_member" "build_source_reader" {
   member = "serviceAccount:${google_service_account.build.email}"
 }
 
+# The build does not read the zip from the bucket above: a 2nd-gen function copies it into the
+# service's own bucket gcf-v2-sources-PROJECT_NUMBER-REGION and the build fetches it from there
+# (https://cloud.google.com/functions/docs/building; without this grant the first apply fails with
+# "Access to bucket gcf-v2-sources-... denied. You must grant Storage Object Viewer permission",
+# hashicorp/terraform-provider-google#20571). That bucket does not exist before the first deploy,
+# so the grant is on the project, narrowed by an IAM condition to buckets named gcf-v2-sources-*
+# (condition syntax: https://cloud.google.com/storage/docs/access-control/iam#conditions).
+resource "google_project_iam_member" "build_gcf_source_reader" {
+  project = var.project_id
+  role    = "roles/storage.objectViewer"
+  member  = "serviceAccount:${google_service_account.build.email}"
+
+  condition {
+    title       = "gcf-v2-sources buckets only"
+    description = "The function service's source buckets, where the build fetches the uploaded zip."
+    expression  = "resource.name.startsWith(\"projects/_/buckets/gcf-v2-sources-\")"
+  }
+}
+
 # IAM grants are eventually consistent; a build started right after them can fail with a
 # permission error. Waiting once here keeps the first apply from failing.
 resource "time_sleep" "build_grants" {
@@ -129,5 +169,46 @@ resource "time_sleep" "build_grants" {
     google_project_iam_member.build_log_writer,
     google_project_iam_member.build_artifact_writer,
     google_storage_bucket_iam_member.build_source_reader,
+    google_project_iam_member.build_gcf_source_reader,
+  ]
+}
+
+# Grafana's data source account (or whoever reads the dashboard) reads the alert rows, the latest
+# view and the per-minute rollup. A logical view's reader needs read access on the tables it reads,
+# and a materialized view's reader needs it on the view and on its base table
+# (https://cloud.google.com/bigquery/docs/materialized-views-use#required_roles): so the rollup
+# comes with the telemetry table. Running query jobs (roles/bigquery.jobUser) is granted in the
+# data source's own billing project, outside this module.
+locals {
+  dashboard_tables = merge(
+    {
+      alerts = { project = var.project_id, dataset = var.dataset_id, table = local.alerts_table_name }
+      latest = { project = var.project_id, dataset = var.dataset_id, table = "loss_spike_latest" }
+    },
+    var.rollup_enabled ? {
+      rollup    = { project = var.project_id, dataset = var.dataset_id, table = local.rollup_table_name }
+      telemetry = { project = local.telemetry_project, dataset = local.telemetry_dataset, table = local.telemetry_table }
+    } : {},
+  )
+  dashboard_grants = {
+    for pair in setproduct(keys(local.dashboard_tables), var.dashboard_readers) :
+    "${pair[0]} ${pair[1]}" => merge(local.dashboard_tables[pair[0]], { member = pair[1] })
+  }
+}
+
+resource "google_bigquery_table_iam_member" "dashboard_reader" {
+  for_each = local.dashboard_grants
+
+  project    = each.value.project
+  dataset_id = each.value.dataset
+  table_id   = each.value.table
+  role       = "roles/bigquery.dataViewer"
+  member     = each.value.member
+
+  depends_on = [
+    google_bigquery_table.alerts,
+    google_bigquery_table.latest,
+    google_bigquery_table.rollup,
+    google_bigquery_table.telemetry,
   ]
 }

@@ -17,10 +17,11 @@ locals {
   # The view's lower bound, fixed when it is (re)built: an hour before the longest horizon the
   # first tick reads (the baseline, the slow-divergence horizon, the evaluation loss's day:
   # lossspike.checks.EVAL_LOOKBACK_MINUTES), so no check or detector is blind after a rebuild.
+  # Without the rollup there is no build time and no bound.
   rollup_horizon_minutes = max(var.baseline_minutes, var.divergence_minutes, 24 * 60)
-  rollup_since = var.rollup_since != "" ? var.rollup_since : formatdate(
-    "YYYY-MM-DD hh:mm:ss", timeadd(time_static.rollup_built.rfc3339, "-${local.rollup_horizon_minutes + 60}m")
-  )
+  rollup_since = var.rollup_since != "" ? var.rollup_since : try(formatdate(
+    "YYYY-MM-DD hh:mm:ss", timeadd(time_static.rollup_built[0].rfc3339, "-${local.rollup_horizon_minutes + 60}m")
+  ), "")
 
   # Scheduler must wait longer than the function may run, or every slow tick is retried.
   attempt_deadline_seconds = max(var.scheduler_attempt_deadline_seconds, var.function_timeout_seconds + 10)
@@ -67,40 +68,45 @@ locals {
   # The function's whole configuration. These names are the contract with the Python side
   # (lossspike's settings); this map is the one place Terraform lists them. An empty run list
   # is left out rather than set empty, so the pattern applies.
-  function_env = merge(length(var.run_ids) > 0 ? { LOSSSPIKE_RUN_IDS = join(",", var.run_ids) } : {}, {
-    LOSSSPIKE_BACKEND              = "bigquery"
-    LOSSSPIKE_PROJECT              = var.project_id
-    LOSSSPIKE_LOCATION             = var.bigquery_location
-    LOSSSPIKE_TELEMETRY_TABLE      = var.telemetry_table
-    LOSSSPIKE_ALERTS_TABLE         = local.alerts_table_id
-    LOSSSPIKE_ROLLUP_TABLE         = local.rollup_table_id
-    LOSSSPIKE_RUN_PATTERN          = var.run_pattern
-    LOSSSPIKE_METRIC               = var.metric_name
-    LOSSSPIKE_SERVICE              = var.service_name
-    LOSSSPIKE_BASELINE_MINUTES     = tostring(var.baseline_minutes)
-    LOSSSPIKE_RECENT_MINUTES       = tostring(var.recent_minutes)
-    LOSSSPIKE_SIGMA                = tostring(var.sigma)
-    LOSSSPIKE_MIN_RISE             = tostring(var.min_rise)
-    LOSSSPIKE_MIN_BASELINE_SAMPLES = tostring(var.min_baseline_samples)
-    LOSSSPIKE_MIN_RECENT_SAMPLES   = tostring(var.min_recent_samples)
-    LOSSSPIKE_REFERENCE            = var.reference
-    LOSSSPIKE_STALL_MINUTES        = tostring(var.stall_minutes)
-    LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
-    LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
-    LOSSSPIKE_DETECTORS            = var.detectors
-    LOSSSPIKE_ATTEMPTS             = var.attempts
-    LOSSSPIKE_SHIFT_MIN_RISE       = tostring(var.shift_min_rise)
-    LOSSSPIKE_SHIFT_SIGMA          = tostring(var.shift_sigma)
-    LOSSSPIKE_DIVERGENCE_MIN_RISE  = tostring(var.divergence_min_rise)
-    LOSSSPIKE_DIVERGENCE_MINUTES   = tostring(var.divergence_minutes)
-    LOSSSPIKE_INSTABILITY_SIGMA    = tostring(var.instability_sigma)
-    LOSSSPIKE_INSTABILITY_MIN_RISE = tostring(var.instability_min_rise)
-    LOSSSPIKE_INSTABILITY_COUNT    = tostring(var.instability_count)
-    LOSSSPIKE_MAX_RECENT_MINUTES   = tostring(var.max_recent_minutes)
-    LOSSSPIKE_LOSS_JUMP_LIMIT      = tostring(var.loss_jump_limit)
-    LOSSSPIKE_GRAD_NORM_LIMIT      = tostring(var.grad_norm_limit)
-    LOSSSPIKE_SKIPPED_STEPS_LIMIT  = tostring(var.skipped_steps_limit)
-  }, local.check_env)
+  # Without the rollup, LOSSSPIKE_ROLLUP_TABLE is left out and the tick runs the raw query.
+  function_env = merge(
+    length(var.run_ids) > 0 ? { LOSSSPIKE_RUN_IDS = join(",", var.run_ids) } : {},
+    var.rollup_enabled ? { LOSSSPIKE_ROLLUP_TABLE = local.rollup_table_id } : {},
+    {
+      LOSSSPIKE_BACKEND              = "bigquery"
+      LOSSSPIKE_PROJECT              = var.project_id
+      LOSSSPIKE_LOCATION             = var.bigquery_location
+      LOSSSPIKE_TELEMETRY_TABLE      = var.telemetry_table
+      LOSSSPIKE_ALERTS_TABLE         = local.alerts_table_id
+      LOSSSPIKE_RUN_PATTERN          = var.run_pattern
+      LOSSSPIKE_METRIC               = var.metric_name
+      LOSSSPIKE_SERVICE              = var.service_name
+      LOSSSPIKE_BASELINE_MINUTES     = tostring(var.baseline_minutes)
+      LOSSSPIKE_RECENT_MINUTES       = tostring(var.recent_minutes)
+      LOSSSPIKE_SIGMA                = tostring(var.sigma)
+      LOSSSPIKE_MIN_RISE             = tostring(var.min_rise)
+      LOSSSPIKE_MIN_BASELINE_SAMPLES = tostring(var.min_baseline_samples)
+      LOSSSPIKE_MIN_RECENT_SAMPLES   = tostring(var.min_recent_samples)
+      LOSSSPIKE_REFERENCE            = var.reference
+      LOSSSPIKE_STALL_MINUTES        = tostring(var.stall_minutes)
+      LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
+      LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
+      LOSSSPIKE_DETECTORS            = var.detectors
+      LOSSSPIKE_ATTEMPTS             = var.attempts
+      LOSSSPIKE_SHIFT_MIN_RISE       = tostring(var.shift_min_rise)
+      LOSSSPIKE_SHIFT_SIGMA          = tostring(var.shift_sigma)
+      LOSSSPIKE_DIVERGENCE_MIN_RISE  = tostring(var.divergence_min_rise)
+      LOSSSPIKE_DIVERGENCE_MINUTES   = tostring(var.divergence_minutes)
+      LOSSSPIKE_INSTABILITY_SIGMA    = tostring(var.instability_sigma)
+      LOSSSPIKE_INSTABILITY_MIN_RISE = tostring(var.instability_min_rise)
+      LOSSSPIKE_INSTABILITY_COUNT    = tostring(var.instability_count)
+      LOSSSPIKE_MAX_RECENT_MINUTES   = tostring(var.max_recent_minutes)
+      LOSSSPIKE_LOSS_JUMP_LIMIT      = tostring(var.loss_jump_limit)
+      LOSSSPIKE_GRAD_NORM_LIMIT      = tostring(var.grad_norm_limit)
+      LOSSSPIKE_SKIPPED_STEPS_LIMIT  = tostring(var.skipped_steps_limit)
+    },
+    local.check_env,
+  )
   # Empty checks means the default set, so the variable is left out, like an unset limit.
   check_env = merge(
     var.checks != "" ? { LOSSSPIKE_CHECKS = var.checks } : {},

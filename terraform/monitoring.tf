@@ -90,14 +90,19 @@ resource "google_monitoring_metric_descriptor" "runs_watched" {
   depends_on = [google_project_service.services]
 }
 
-# Counts the function's failures without depending on one tick ever succeeding: the ERROR line
-# a failed tick logs, the ERROR request log of a 5xx answer, and a crash at cold start (bad
-# settings) all land on the function's Cloud Run revision with severity ERROR or above.
+# Counts failed ticks where every failure shows, once each: Cloud Scheduler's own log of each
+# attempt (resource cloud_scheduler_job; a failed attempt is logged at ERROR with its HTTP status,
+# "the failed attempt can be viewed in execution logs":
+# https://cloud.google.com/scheduler/docs/reference/rest/v1/projects.locations.jobs). A tick that
+# fails inside the function answers 5xx, a crash at cold start answers 5xx, and a wrong invoker
+# grant or ingress fails the attempt before the function runs (no function log line at all): each
+# is one failed attempt. Counting the function's ERROR lines instead missed the last kind and
+# counted every failed tick twice (its own ERROR line and the 5xx request log).
 resource "google_logging_metric" "failed_ticks" {
   project     = var.project_id
   name        = "${var.name}_failed_ticks"
-  description = "ERROR (or worse) log entries of the lossspike evaluator: failed ticks, 5xx answers, start-up crashes."
-  filter      = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=\"${var.name}\" AND severity>=ERROR"
+  description = "Failed Cloud Scheduler attempts of the lossspike tick: 5xx answers, start-up crashes, refused or unreachable calls."
+  filter      = "resource.type=\"cloud_scheduler_job\" AND resource.labels.job_id=\"${var.name}-tick\" AND severity>=ERROR"
 
   metric_descriptor {
     metric_kind = "DELTA"
@@ -250,6 +255,12 @@ resource "google_monitoring_alert_policy" "notice" {
   depends_on = [time_sleep.metrics_visible]
 }
 
+# An absence condition is violated when a time series "does not include any data in the specified
+# duration" (AlertPolicy.Condition.MetricAbsence,
+# https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies#metricabsence): a
+# series that never had a point is not there to be absent, and Monitoring's alerting docs say such
+# a condition is not met when the writer never wrote a point. So this policy catches an evaluator
+# that stopped; one that never started pages through failed_ticks (Scheduler's failed attempts).
 resource "google_monitoring_alert_policy" "heartbeat" {
   project               = var.project_id
   display_name          = "lossspike: evaluator is not reporting"
@@ -286,8 +297,8 @@ resource "google_monitoring_alert_policy" "heartbeat" {
       ${var.heartbeat_absent_seconds / 60} minutes, so no run's loss is being watched.
 
       Check the Scheduler job `${var.name}-tick` in ${var.region} (paused? failing attempts?) and the
-      logs of the Cloud Function `${var.name}`. An absence condition needs one point after it was
-      installed; the "ticks are failing" policy covers a deployment that never succeeded.
+      logs of the Cloud Function `${var.name}`. An absence condition never fires for a metric that
+      never had a point, so a deployment that never succeeded pages through "ticks are failing".
 
       Runbook: ${local.runbook}
     EOT
@@ -304,10 +315,10 @@ resource "google_monitoring_alert_policy" "failed_ticks" {
   user_labels           = local.labels
 
   conditions {
-    display_name = "At least ${var.failed_ticks_to_page} evaluator errors in ${var.failed_ticks_window_seconds / 60} minutes"
+    display_name = "At least ${var.failed_ticks_to_page} failed ticks in ${var.failed_ticks_window_seconds / 60} minutes"
 
     condition_threshold {
-      filter                  = "metric.type = \"${local.failed_ticks_metric_type}\" AND resource.type = \"cloud_run_revision\""
+      filter                  = "metric.type = \"${local.failed_ticks_metric_type}\" AND resource.type = \"cloud_scheduler_job\""
       comparison              = "COMPARISON_GT"
       threshold_value         = var.failed_ticks_to_page - 0.5
       duration                = "0s"
@@ -332,12 +343,14 @@ resource "google_monitoring_alert_policy" "failed_ticks" {
   documentation {
     mime_type = "text/markdown"
     content   = <<-EOT
-      The lossspike evaluator `${var.name}` in ${var.region} logged at least ${var.failed_ticks_to_page} errors
+      At least ${var.failed_ticks_to_page} attempts of the Scheduler job `${var.name}-tick` in ${var.region} failed
       in ${var.failed_ticks_window_seconds / 60} minutes: ticks are failing (wrong table, location or grant,
-      bad settings at start-up, a BigQuery byte cap), so runs may not be watched.
+      bad settings at start-up, a BigQuery byte cap, or the call never reached the function: invoker
+      grant, ingress), so runs may not be watched.
 
-      The ERROR line names the cause: Logs Explorer, resource "Cloud Run Revision" `${var.name}`,
-      severity ERROR. Runbook: ${local.runbook}
+      The Scheduler log (resource "Cloud Scheduler Job" `${var.name}-tick`) shows each attempt's HTTP
+      status; when the function ran, its ERROR line names the cause (resource "Cloud Run Revision"
+      `${var.name}`, severity ERROR). Runbook: ${local.runbook}
     EOT
   }
 

@@ -663,6 +663,17 @@ variable "metric_prefix" {
   }
 }
 
+variable "dashboard_readers" {
+  description = "IAM members (e.g. \"serviceAccount:grafana@my-project.iam.gserviceaccount.com\") granted roles/bigquery.dataViewer on what the Grafana dashboard reads: the alert table, the latest view, the rollup view and, because a materialized view's reader needs it, the telemetry table."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.dashboard_readers : can(regex("^(serviceAccount|user|group|domain):.+$", m))])
+    error_message = "Each dashboard reader must be an IAM member such as \"serviceAccount:grafana@my-project.iam.gserviceaccount.com\"."
+  }
+}
+
 variable "notification_channels" {
   description = "Cloud Monitoring notification channel IDs (projects/P/notificationChannels/N) the paging policies notify: a run that pages, a silent evaluator, failing ticks."
   type        = list(string)
@@ -708,7 +719,7 @@ variable "alert_auto_close_seconds" {
 }
 
 variable "failed_ticks_to_page" {
-  description = "Page when this many ticks failed (Scheduler attempt errors or function ERROR lines) within failed_ticks_window_seconds."
+  description = "Page when this many Scheduler attempts failed (the function answered 5xx, crashed, or was never reached) within failed_ticks_window_seconds."
   type        = number
   default     = 3
 
@@ -777,15 +788,10 @@ variable "heartbeat_absent_seconds" {
 # The per-minute rollup view (loss_spike_minutes)
 # ---------------------------------------------------------------------------------------------
 
-variable "rollup_retention_days" {
-  description = "Days of per-minute rollup partitions kept (the tick reads the last hour; Grafana's loss panel reads further back)."
-  type        = number
-  default     = 30
-
-  validation {
-    condition     = var.rollup_retention_days >= 1
-    error_message = "The rollup_retention_days must be at least 1."
-  }
+variable "rollup_enabled" {
+  description = "Build the per-minute rollup view over telemetry_table and have the tick read it. Set false when telemetry_table is a logical view (a materialized view cannot read one): the tick then runs the raw query, which bills the telemetry of the hour at every tick (see `lossspike cost`). The view keeps its partitions as long as telemetry_table does (a materialized view inherits its base table's partition expiration)."
+  type        = bool
+  default     = true
 }
 
 variable "rollup_refresh_interval_minutes" {

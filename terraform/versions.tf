@@ -3,9 +3,12 @@ terraform {
   required_version = ">= 1.0"
 
   required_providers {
+    # 5.26.0 added build_config.service_account; 5.38.0 fixed the perpetual diff on
+    # service_config.environment_variables (LOG_EXECUTION_ID) of google_cloudfunctions2_function
+    # (hashicorp/terraform-provider-google CHANGELOG.md, #17841 and #18651).
     google = {
       source  = "hashicorp/google"
-      version = ">= 5.0, < 7.0"
+      version = ">= 5.38.0, < 7.0"
     }
     archive = {
       source  = "hashicorp/archive"

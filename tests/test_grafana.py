@@ -26,6 +26,7 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from lossspike import cost
 from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
@@ -47,6 +48,8 @@ GRAFANA_ENV = {
     "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls",
     "LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT": "ml-notices",
 }
+# The tables the dashboard and the rule read, as lossspike.cost models them.
+COST_TABLES = {"alerts": "loss_spike_alerts", "rollup": "${minutes_view}"}
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
 # rendered here from its column contract so the loss panel can be run: per (cluster, run,
@@ -117,18 +120,14 @@ def _interpolate(value: str, env: dict[str, str]) -> str:
     return "$".join(expanded)
 
 
-def _braced(value: str, env: dict[str, str]) -> str:
-    """Annotations: only ${VAR} expands; every other $ (and $$) reaches the template engine as written."""
-    return re.sub(r"\$\{(\w+)\}", lambda m: env.get(m.group(1), ""), value)
-
-
 def provision_rules(text: str, env: dict[str, str]) -> dict:
     """The rule file as Grafana's file provisioning hands it on.
 
     Follows pkg/services/provisioning/alerting/rules_types.go (grafana/grafana): group name,
     folder and interval, the rule's simple fields, labels and each query's datasourceUid are
-    values.StringValue / StringMapValue (interpolated, values/values.go); annotations go through
-    ValueWithBracedVars; a query's `model` is passed on Raw, untouched.
+    values.StringValue / StringMapValue (interpolated, values/values.go); annotations are copied
+    Raw (`alertRule.Annotations = rule.Annotations.Raw`, Grafana 9.1 to 12.x; grafana/grafana#84250),
+    and so is a query's `model`: untouched.
     """
     doc = yaml.safe_load(text)
     for group in doc["groups"]:
@@ -139,7 +138,7 @@ def provision_rules(text: str, env: dict[str, str]) -> dict:
                 if key in rule:
                     rule[key] = _interpolate(str(rule[key]), env)
             rule["labels"] = {k: _interpolate(str(v), env) for k, v in rule.get("labels", {}).items()}
-            rule["annotations"] = {k: _braced(str(v), env) for k, v in rule.get("annotations", {}).items()}
+            rule["annotations"] = {k: str(v) for k, v in rule.get("annotations", {}).items()}
             for query in rule["data"]:
                 query["datasourceUid"] = _interpolate(str(query["datasourceUid"]), env)
             if "notification_settings" in rule:
@@ -182,21 +181,21 @@ def warehouse(tmp_path_factory):
     connection.execute("CREATE TABLE p.d.loss_spike_alerts AS SELECT * FROM pipeline.loss_spike_alerts")
     connection.execute(f"CREATE VIEW p.d.loss_spike_latest AS {_latest_view('p.d.loss_spike_alerts')}")
     connection.execute(MINUTES_SQL)
-    # The rule names `lossspike.loss_spike_latest` (dataset.view in the datasource's project).
+    # Both rules name `lossspike.loss_spike_alerts` (dataset.table in the datasource's project).
     connection.execute("CREATE SCHEMA lossspike")
-    connection.execute("CREATE VIEW lossspike.loss_spike_latest AS SELECT * FROM p.d.loss_spike_latest")
+    connection.execute("CREATE VIEW lossspike.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts")
     yield connection, now
     connection.close()
 
 
 @contextmanager
 def rule_view(connection: duckdb.DuckDBPyConnection, select_sql: str) -> Iterator[None]:
-    """Point the rule's view at other rows for one check, then back."""
-    connection.execute(f"CREATE OR REPLACE VIEW lossspike.loss_spike_latest AS {select_sql}")
+    """Point the rules' table at other rows for one check, then back."""
+    connection.execute(f"CREATE OR REPLACE VIEW lossspike.loss_spike_alerts AS {select_sql}")
     try:
         yield
     finally:
-        connection.execute("CREATE OR REPLACE VIEW lossspike.loss_spike_latest AS SELECT * FROM p.d.loss_spike_latest")
+        connection.execute("CREATE OR REPLACE VIEW lossspike.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts")
 
 
 def panel(title_start: str) -> dict:
@@ -233,18 +232,51 @@ def rule_sql(rule: dict | None = None) -> str:
     return next(d for d in (rule or the_rule())["data"] if d["refId"] == "A")["model"]["rawSql"]
 
 
+def shown_rows(panel_def: dict, columns: list[str], rows: list[tuple]) -> list[dict]:
+    """The rows a table panel shows after its transformations, as column -> value.
+
+    Only the transformations this dashboard uses: filterByValue with isNull/isNotNull matchers
+    (include, all) and organize's excludeByName/renameByName
+    (https://grafana.com/docs/grafana/latest/panels-visualizations/query-transform-data/transform-data/).
+    """
+    shown = [dict(zip(columns, row, strict=True)) for row in rows]
+    for step in panel_def.get("transformations", []):
+        options = step["options"]
+        if step["id"] == "filterByValue":
+            assert (options["type"], options["match"]) == ("include", "all")
+            tests = {"isNull": lambda v: v is None, "isNotNull": lambda v: v is not None}
+            shown = [
+                row for row in shown if all(tests[f["config"]["id"]](row[f["fieldName"]]) for f in options["filters"])
+            ]
+        elif step["id"] == "organize":
+            hidden = options.get("excludeByName", {})
+            names = options.get("renameByName", {})
+            shown = [{names.get(k, k): v for k, v in row.items() if not hidden.get(k)} for row in shown]
+        else:
+            raise AssertionError(f"unmodelled transformation {step['id']}")
+    return shown
+
+
 # --- dashboard ---------------------------------------------------------------------------------
 
 
 def test_every_dashboard_query_targets_bigquery_with_a_numeric_format():
-    targets = [t for p in DASHBOARD["panels"] for t in p["targets"]]
+    targets = [t for p in DASHBOARD["panels"] for t in p["targets"] if "panelId" not in t]
     targets.append(variable_def("run")["query"])
     targets.extend(a["target"] for a in DASHBOARD["annotations"]["list"])
-    assert len(targets) == 9
+    assert len(targets) == 7
     for target in targets:
         assert target["datasource"]["type"] == "grafana-bigquery-datasource"
         assert target["format"] in (0, 1) and isinstance(target["format"], int)
         assert target["rawSql"].strip()
+    # A panel without a query of its own reuses another panel's results (Grafana's Dashboard data
+    # source: https://grafana.com/docs/grafana/latest/panels-visualizations/query-transform-data/share-query/).
+    shared = [(p, t) for p in DASHBOARD["panels"] for t in p["targets"] if "panelId" in t]
+    assert [p["title"] for p, _ in shared] == ["Run-health checks firing now"]
+    for consumer, target in shared:
+        assert consumer["datasource"] == target["datasource"] == {"type": "datasource", "uid": "-- Dashboard --"}
+        source = next(p for p in DASHBOARD["panels"] if p["id"] == target["panelId"])
+        assert all("panelId" not in t for t in source["targets"])
 
 
 def test_grafana_belief_dashboard_survives_the_foundation_sdk_round_trip():
@@ -316,8 +348,8 @@ def test_evaluator_freshness_counts_seconds_since_the_newest_verdict(warehouse):
     assert 0 <= fresh <= (datetime.now(UTC) - now).total_seconds() + 1
     connection.execute("CREATE SCHEMA IF NOT EXISTS p.stale")
     connection.execute(
-        "CREATE OR REPLACE VIEW p.stale.loss_spike_latest AS "
-        "SELECT * REPLACE (evaluated_at - INTERVAL 20 MINUTE AS evaluated_at) FROM p.d.loss_spike_latest"
+        "CREATE OR REPLACE VIEW p.stale.loss_spike_alerts AS "
+        "SELECT * REPLACE (evaluated_at - INTERVAL 20 MINUTE AS evaluated_at) FROM p.d.loss_spike_alerts"
     )
     [(stale,)] = run_bigquery_sql(connection, dashboard_sql(sql, now, dataset="stale"))[1]
     assert stale >= 900  # red
@@ -342,7 +374,8 @@ def test_state_timeline_has_one_state_per_run_and_tick(warehouse):
 def test_loss_panel_reads_the_per_minute_rollup(warehouse):
     connection, now = warehouse
     loss = panel("Loss against the band")
-    assert loss["repeat"] == "run" and loss["fieldConfig"]["defaults"]["decimals"] >= 3
+    # One panel for the chosen runs: a panel repeated per run is two more queries per run a refresh.
+    assert "repeat" not in loss and loss["fieldConfig"]["defaults"]["decimals"] >= 3
     rollup = next(t for t in loss["targets"] if t["refId"] == "A")
     assert "telemetry" not in rollup["rawSql"] and "${minutes_view}" in rollup["rawSql"]
     _, rows = run_bigquery_sql(connection, dashboard_sql(rollup["rawSql"], now))
@@ -355,7 +388,7 @@ def test_loss_panel_reads_the_per_minute_rollup(warehouse):
     ).fetchall()
     assert len(rows) == len(oracle) >= 59
     for (time, cluster, floor, mean), (minute, raw_floor, raw_mean) in zip(rows, oracle, strict=True):
-        assert (time, cluster) == (minute.astimezone(UTC).replace(tzinfo=None), "us-central2")
+        assert (time, cluster) == (minute.astimezone(UTC).replace(tzinfo=None), "us-central2/hero-qwen-32b")
         assert floor == raw_floor and math.isclose(mean, raw_mean, rel_tol=1e-12)
     # A wider $__interval regroups the same rows: floor = min of floors, mean weighted by count.
     _, coarse = run_bigquery_sql(connection, dashboard_sql(rollup["rawSql"], now, interval="1h"))
@@ -371,7 +404,7 @@ def test_loss_panel_draws_the_recent_floor_and_band(warehouse):
     assert len(rows) == TICKS
     time, cluster, floor, band_value = rows[-1]
     # TIMESTAMP_MILLIS comes back zone-less from DuckDB; BigQuery's TIMESTAMP is UTC.
-    assert (time, cluster) == (now.replace(tzinfo=None), "us-central2") and floor > band_value
+    assert (time, cluster) == (now.replace(tzinfo=None), "us-central2/hero-qwen-32b") and floor > band_value
     _, both = run_bigquery_sql(connection, dashboard_sql(band["rawSql"], now, ["hero-qwen-32b", "hero-mixtral"]))
     assert len(both) == 2 * TICKS
 
@@ -410,19 +443,21 @@ def test_paging_episodes_are_annotation_regions(warehouse):
     assert sorted(split[1][2].split(": ")[1].split(", ")) == ["grad_norm_high", "spiking"]
 
 
-def test_run_variable_lists_watched_runs_and_defaults_to_all(warehouse):
+def test_run_variable_lists_watched_runs_paging_first_and_is_read_once(warehouse):
     connection, now = warehouse
     run = variable_def("run")
-    assert run["current"]["value"] == ["$__all"] and run["includeAll"] and run["multi"]
+    # No "All": the loss panel's bytes do not depend on how many runs it draws, but its points do.
+    # Grafana picks the first value, a paging run. refresh 1: on dashboard load, not every refresh.
+    assert not run["includeAll"] and run["multi"] and run["refresh"] == 1 and run["sort"] == 0
     _, rows = run_bigquery_sql(connection, dashboard_sql(run["query"]["rawSql"], now))
     assert [r[0] for r in rows] == [
         "hero-deepseek",
         "hero-gemma-2b",
+        "hero-qwen-32b",
         "hero-llama-8b",
         "hero-mixtral",
         "hero-olmo-1b",
-        "hero-phi-3",
-        "hero-qwen-32b",
+        "hero-phi-3",  # silenced: its spike pages nobody
     ]
 
 
@@ -438,7 +473,9 @@ def test_grafana_belief_provisioning_leaves_no_variable_grafana_would_not_expand
     assert rule["data"][0]["datasourceUid"] == "bq-uid"
     assert all("$$" not in text for text in rule["annotations"].values())
     assert "{{ $labels.run }}" in rule["annotations"]["summary"]
-    assert rule["annotations"]["runbook_url"] == GRAFANA_ENV["LOSSSPIKE_RUNBOOK_URL"]
+    # Annotations are copied raw: an environment variable there would be shown as literal text.
+    assert all("${" not in text for text in rule["annotations"].values())
+    assert re.fullmatch(r"https://\S+", rule["annotations"]["runbook_url"])
 
 
 def test_the_page_links_its_dashboard_panel():
@@ -502,7 +539,7 @@ def test_a_run_with_two_paging_reasons_is_one_instance_and_a_change_of_reason_th
 def test_alert_rule_does_not_page_a_silenced_run(warehouse):
     # A silenced run keeps its reason with value 0 (SPEC, overrides).
     connection, _ = warehouse
-    silenced = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_latest"
+    silenced = "SELECT * REPLACE (IF(run = 'hero-qwen-32b', 0, value) AS value) FROM p.d.loss_spike_alerts"
     with rule_view(connection, silenced):
         _, rows = run_bigquery_sql(connection, rule_sql())
     assert {r[1] for r in rows if r[2] == 1} == {"hero-gemma-2b", "hero-deepseek"}
@@ -580,46 +617,44 @@ def test_the_notice_rule_provisions_like_the_paging_rule():
     assert rule["data"][0]["datasourceUid"] == "bq-uid"
     assert rule["dashboardUid"] == DASHBOARD["uid"]
     assert next(p for p in DASHBOARD["panels"] if p["id"] == rule["panelId"])["title"].startswith("Run-health checks")
-    assert rule["annotations"]["runbook_url"] == GRAFANA_ENV["LOSSSPIKE_RUNBOOK_URL"]
+    # Annotations are copied raw: the runbook link is a literal, as in the paging rule.
+    assert all("${" not in text for text in rule["annotations"].values())
+    assert rule["annotations"]["runbook_url"] == the_rule()["annotations"]["runbook_url"]
     assert "{{ $labels.reason }}" in rule["annotations"]["summary"]
 
 
-def test_check_rows_show_observed_against_threshold_beside_the_loss(warehouse):
+def test_check_rows_show_observed_against_threshold_from_the_verdict_query(warehouse):
     connection, now = warehouse
     check = (
         "'grad_norm_high' AS reason, 'page' AS severity, 'grad_norm_total' AS metric, 9.5 AS observed, 2.0 AS threshold"
     )
     connection.execute("CREATE SCHEMA IF NOT EXISTS p.checks")
-    connection.execute(f"CREATE OR REPLACE VIEW p.checks.loss_spike_latest AS {_with_rows(check)}")
     connection.execute(
         "CREATE OR REPLACE TABLE p.checks.loss_spike_alerts AS SELECT * FROM p.d.loss_spike_alerts UNION ALL "
         f"SELECT * REPLACE ({check}) FROM p.d.loss_spike_alerts WHERE run = 'hero-qwen-32b'"
     )
+    verdicts = panel("Latest verdict")
     table = panel("Run-health checks firing now")
-    _, rows = run_bigquery_sql(connection, dashboard_sql(table["targets"][0]["rawSql"], now, dataset="checks"))
-    assert [(r[2], r[3], r[4], r[7], r[8], r[9]) for r in rows] == [
-        ("hero-qwen-32b", "grad_norm_high", "page", "grad_norm_total", 9.5, 2.0)
+    # No query of its own: the checks table shows the verdict query's check rows.
+    assert table["targets"][0]["panelId"] == verdicts["id"]
+    sql = dashboard_sql(verdicts["targets"][0]["rawSql"], now, dataset="checks")
+    columns = connection.sql(sqlglot.transpile(sql, read="bigquery", write="duckdb")[0]).columns
+    _, rows = run_bigquery_sql(connection, sql)
+    checks = shown_rows(table, columns, rows)
+    shown = ("run", "reason", "severity", "firing", "metric", "observed", "threshold")
+    assert [tuple(r[c] for c in shown) for r in checks] == [
+        ("hero-qwen-32b", "grad_norm_high", "page", 1, "grad_norm_total", 9.5, 2.0)
     ]
-    # The verdict table keeps one loss row per run.
-    verdicts = panel("Latest verdict")["targets"][0]["rawSql"]
-    _, loss_rows = run_bigquery_sql(connection, dashboard_sql(verdicts, now, dataset="checks"))
-    assert len(loss_rows) == 7
-    beside = panel("Run-health checks against their limits")
-    loss = panel("Loss against the band")
-    assert beside["repeat"] == loss["repeat"] == "run" and beside["repeatDirection"] == loss["repeatDirection"] == "v"
-    assert (beside["gridPos"]["y"], beside["gridPos"]["x"]) == (
-        loss["gridPos"]["y"],
-        loss["gridPos"]["x"] + loss["gridPos"]["w"],
-    )
-    _, series = run_bigquery_sql(connection, dashboard_sql(beside["targets"][0]["rawSql"], now, dataset="checks"))
-    assert {r[1] for r in series} == {"us-central2 grad_norm_high observed", "us-central2 grad_norm_high threshold"}
-    assert len(series) == 2 * TICKS
-    assert {r[2] for r in series} == {9.5, 2.0}
+    assert "band" not in checks[0] and "job" not in checks[0]
+    # The verdict table keeps one loss row per run, without the check columns.
+    loss_rows = shown_rows(verdicts, columns, rows)
+    assert len(loss_rows) == 7 and {r["run"] for r in loss_rows} == {r[3] for r in rows}
+    assert all("observed" not in r and "metric" not in r for r in loss_rows)
 
 
 def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tmp_path):
     connection, now = warehouse
-    stale = "SELECT * REPLACE (evaluated_at - INTERVAL 1 HOUR AS evaluated_at) FROM p.d.loss_spike_latest"
+    stale = "SELECT * REPLACE (evaluated_at - INTERVAL 1 HOUR AS evaluated_at) FROM p.d.loss_spike_alerts"
     with rule_view(connection, stale):
         assert run_bigquery_sql(connection, rule_sql())[1] == []
     # An idle fleet (no run enrolled) writes the fleet row: explicit zeros, not NoData.
@@ -628,7 +663,7 @@ def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tm
         store.write_alerts(evaluate(store, Settings(), datetime.now(UTC).replace(second=0, microsecond=0)))
     connection.execute(f"ATTACH '{idle}' AS idle (READ_ONLY)")
     try:
-        with rule_view(connection, _latest_view("idle.loss_spike_alerts")):
+        with rule_view(connection, "SELECT * FROM idle.loss_spike_alerts"):
             _, rows = run_bigquery_sql(connection, rule_sql())
     finally:
         connection.execute("DETACH idle")
@@ -681,3 +716,42 @@ def test_the_latest_view_holds_every_row_of_the_newest_evaluation(warehouse):
     assert by_run["hero-qwen-32b"] == ["grad_norm_high", "spiking"]
     assert by_run["hero-gemma-2b"] == ["not_finite"]
     assert len(rows) == 7 + 1
+
+
+def _minutes(duration: str) -> int:
+    return int(duration[:-1]) * {"m": 1, "h": 60}[duration[-1]]
+
+
+def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
+    # lossspike.cost prices what this file sends (`lossspike cost`, the README's figures): its
+    # refresh, range, queries, tables, windows and columns must be the file's.
+    assert _minutes(DASHBOARD["refresh"]) == cost.DASHBOARD_REFRESH_MINUTES
+    assert DASHBOARD["time"] == {"from": f"now-{cost.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
+    targets = {p["title"]: p["targets"] for p in DASHBOARD["panels"]}
+    sent = {
+        "Evaluator freshness": targets["Evaluator freshness"][0],
+        "Latest verdict per run": targets["Latest verdict per run"][0],
+        "Verdict per run": targets["Verdict per run"][0],
+        "Loss against the band A": targets["Loss against the band: $run"][0],
+        "Loss against the band B": targets["Loss against the band: $run"][1],
+        "Paging episodes": DASHBOARD["annotations"]["list"][0]["target"],
+    }
+    assert set(sent) == set(cost.DASHBOARD_TARGETS)
+    # Every query the dashboard sends is priced; a panel reusing another's results sends none.
+    queries = sum(1 for t in targets.values() for target in t if "panelId" not in target)
+    assert queries + len(DASHBOARD["annotations"]["list"]) == len(sent)
+    assert _minutes(provision_rules(RULES_TEXT, GRAFANA_ENV)["groups"][0]["interval"]) == cost.RULE_INTERVAL_MINUTES
+    checked = [*((sent[name]["rawSql"], model) for name, model in cost.DASHBOARD_TARGETS.items())]
+    checked.append((rule_sql().replace("lossspike.", "${project}.${dataset}."), cost.RULE_TARGET))
+    for sql, (table, window, columns) in checked:
+        assert f"${{project}}.${{dataset}}.{COST_TABLES[table]}`" in sql, sql
+        if window == "range":
+            assert "$__timeFilter(" in sql, sql
+        else:
+            unit = "DAY" if window % 1440 == 0 else "MINUTE"
+            amount = window // 1440 if unit == "DAY" else window
+            assert f"INTERVAL {amount} {unit})" in sql, sql
+        referenced = set(re.findall(r"[a-z_]+", sql))
+        assert set(columns) <= referenced, (sql, set(columns) - referenced)
+    # The run variable is read when the dashboard loads, not at every refresh.
+    assert variable_def("run")["refresh"] == 1

@@ -31,6 +31,7 @@ CLI_CONFIG = TOOLS / "terraformrc"
 
 PROJECT = "example-project"
 CHANNEL = f"projects/{PROJECT}/notificationChannels/1234567890"
+GRAFANA = f"serviceAccount:grafana@{PROJECT}.iam.gserviceaccount.com"
 # Thresholds away from their defaults, so a setting Terraform drops or renames shows.
 THRESHOLD_VARS = {
     "baseline_minutes": 90,
@@ -81,6 +82,7 @@ EXAMPLE_VARS = {
     "checks": "grad_norm_high,steps_skipped,throughput_low",
     "notify_channels": [NOTIFY_CHANNEL],
     "grafana_dashboard_url": DASHBOARD_URL,
+    "dashboard_readers": [GRAFANA],
     **THRESHOLD_VARS,
     **METRIC_VARS,
 }
@@ -89,14 +91,24 @@ EXAMPLE_VARS = {
 EXPECTED_BINDINGS = {
     "google_bigquery_table_iam_member.telemetry_viewer[0]": ("roles/bigquery.dataViewer", "function"),
     "google_bigquery_table_iam_member.alerts_editor": ("roles/bigquery.dataEditor", "function"),
-    "google_bigquery_table_iam_member.rollup_editor": ("roles/bigquery.dataEditor", "function"),
+    "google_bigquery_table_iam_member.rollup_editor[0]": ("roles/bigquery.dataEditor", "function"),
     "google_bigquery_table_iam_member.overrides_viewer": ("roles/bigquery.dataViewer", "function"),
     "google_project_iam_member.function_job_user": ("roles/bigquery.jobUser", "function"),
     "google_project_iam_member.function_metric_writer": ("roles/monitoring.metricWriter", "function"),
+    # A custom role holding monitoring.timeSeries.list only (its ID is known after apply).
+    "google_project_iam_member.function_series_reader": (None, "function"),
     "google_cloud_run_service_iam_member.invoker": ("roles/run.invoker", "invoker"),
     "google_project_iam_member.build_log_writer": ("roles/logging.logWriter", "build"),
     "google_project_iam_member.build_artifact_writer": ("roles/artifactregistry.writer", "build"),
     "google_storage_bucket_iam_member.build_source_reader": ("roles/storage.objectViewer", "build"),
+    "google_project_iam_member.build_gcf_source_reader": ("roles/storage.objectViewer", "build"),
+}
+# What the dashboard reads, granted to each of dashboard_readers (table key -> table ID).
+DASHBOARD_TABLES = {
+    "alerts": "loss_spike_alerts",
+    "latest": "loss_spike_latest",
+    "rollup": "loss_spike_minutes",
+    "telemetry": "telemetry",
 }
 FUNCTION_URL = "google_cloudfunctions2_function.evaluator.service_config[0].uri"
 SOURCE_FILES = ["main.py", "requirements.txt", "lossspike/alerts_schema.json"]
@@ -376,17 +388,24 @@ def test_iam_is_least_privilege(plan: dict) -> None:
     bindings = {
         rc["address"]: rc for rc in plan["resource_changes"] if re.search(r"_iam_(member|binding|policy)$", rc["type"])
     }
-    assert set(bindings) == set(EXPECTED_BINDINGS)
+    dashboard = {
+        a: rc for a, rc in bindings.items() if a.startswith("google_bigquery_table_iam_member.dashboard_reader")
+    }
+    assert set(bindings) - set(dashboard) == set(EXPECTED_BINDINGS)
     for address, rc in bindings.items():
         assert rc["type"].endswith("_iam_member"), f"{address}: only additive members, never authoritative"
-        role, account = EXPECTED_BINDINGS[address]
         after = rc["change"]["after"]
-        assert after["role"] == role, address
-        assert after["role"] not in ("roles/owner", "roles/editor", "roles/viewer")
-        member = after.get("member")
-        assert member not in ("allUsers", "allAuthenticatedUsers")
+        assert after.get("member") not in ("allUsers", "allAuthenticatedUsers")
+        if address in dashboard:
+            assert (after["role"], after["member"]) == ("roles/bigquery.dataViewer", GRAFANA), address
+            continue
+        role, account = EXPECTED_BINDINGS[address]
+        assert after.get("role") == role, address
+        assert after.get("role") not in ("roles/owner", "roles/editor", "roles/viewer")
         expr = _config(plan, address)["expressions"]["member"]
         assert f"google_service_account.{account}.email" in _refs(expr), address
+    reader = _config(plan, "google_project_iam_member.function_series_reader")["expressions"]["role"]
+    assert "google_project_iam_custom_role.series_reader.id" in _refs(reader)
     # Table-level grants on exactly the right tables, run.invoker on this function only.
     alerts = _config(plan, "google_bigquery_table_iam_member.alerts_editor")["expressions"]
     assert "google_bigquery_table.alerts.table_id" in _refs(alerts["table_id"])
@@ -435,7 +454,9 @@ def test_alert_table_layout(plan: dict) -> None:
     part = table["time_partitioning"][0]
     assert (part["type"], part["field"]) == ("DAY", "evaluated_at")
     assert part["expiration_ms"] == EXAMPLE_VARS["alerts_retention_days"] * 86_400_000
-    assert table["clustering"][:2] == ["cluster", "run"]
+    # Readers filter recent evaluated_at ranges; blocks are pruned by the leading clustering column
+    # (https://cloud.google.com/bigquery/docs/querying-clustered-tables).
+    assert table["clustering"] == ["evaluated_at", "cluster", "run", "reason"]
     assert table["deletion_protection"] is True
     assert json.loads(table["schema"]) == json.loads((REPO / "lossspike" / "alerts_schema.json").read_text())
 
@@ -503,7 +524,7 @@ def test_gcp_belief_policy_filters_name_metric_and_resource_type(plan: dict) -> 
     assert absent["filter"] == f'metric.type = "{PREFIX}/runs_watched" AND resource.type = "global"'
     failed = _after(plan, "google_monitoring_alert_policy.failed_ticks")["conditions"][0]["condition_threshold"][0]
     assert failed["filter"] == (
-        'metric.type = "logging.googleapis.com/user/lossspike_failed_ticks" AND resource.type = "cloud_run_revision"'
+        'metric.type = "logging.googleapis.com/user/lossspike_failed_ticks" AND resource.type = "cloud_scheduler_job"'
     )
 
 
@@ -571,13 +592,17 @@ def test_every_page_links_the_runbook_and_names_the_run(plan: dict) -> None:
     assert "${metric.label.reason}" in notice and DASHBOARD_URL in notice
 
 
-def test_a_deployment_that_never_succeeds_pages(plan: dict) -> None:
-    # The heartbeat's absence needs one point after install; failures page on their own.
+def test_gcp_belief_a_deployment_that_never_succeeds_pages(plan: dict) -> None:
+    # Belief: an absence condition never fires for a series that never had a point
+    # (MetricAbsence, https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies),
+    # and a call refused before the function runs (invoker grant, ingress) leaves no function log:
+    # Scheduler's own log of each attempt is what shows every failed tick, once
+    # (https://cloud.google.com/scheduler/docs/reference/rest/v1/projects.locations.jobs).
     metric = _after(plan, "google_logging_metric.failed_ticks")
     assert metric["name"] == "lossspike_failed_ticks"
-    assert 'resource.type="cloud_run_revision"' in metric["filter"]
-    assert 'resource.labels.service_name="lossspike"' in metric["filter"]
-    assert "severity>=ERROR" in metric["filter"]
+    assert metric["filter"] == (
+        'resource.type="cloud_scheduler_job" AND resource.labels.job_id="lossspike-tick" AND severity>=ERROR'
+    )
     policy = _after(plan, "google_monitoring_alert_policy.failed_ticks")
     assert policy["notification_channels"] == [CHANNEL]
     cond = policy["conditions"][0]["condition_threshold"][0]
@@ -623,7 +648,7 @@ def test_checkov_passes_and_skips_are_documented() -> None:
 
 
 def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: dict) -> None:
-    view = _after(plan, "google_bigquery_table.rollup")
+    view = _after(plan, "google_bigquery_table.rollup[0]")
     # Terraform renders terraform/sql/loss_spike_minutes.sql; it must be the query the Python
     # side defines, for the run list's covering pattern ('%' with run_ids) and the fixed start.
     want = rollup_view_query(
@@ -637,7 +662,13 @@ def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: d
     # A partitioned view must use its base table's granularity (BigQuery's rule, cited in bigquery.tf).
     assert view["time_partitioning"][0]["type"] == EXAMPLE_VARS["telemetry_partition_type"]
     assert view["time_partitioning"][0]["field"] == "minute"
-    # The tick's read filters the metric role, then a minute range (lossspike.sql): both lead.
+    # "Partition expiration can't be set on materialized views ... it inherits the base table's"
+    # (https://cloud.google.com/bigquery/docs/materialized-views-create#partition_expiration).
+    assert view["time_partitioning"][0].get("expiration_ms") is None
+    # Every part of the tick's read (lossspike.sql) filters its metric role, then a minute range,
+    # not a run: BigQuery prunes blocks by filters on the clustering columns in their order
+    # (https://cloud.google.com/bigquery/docs/querying-clustered-tables), and each role's blocks
+    # are sorted by minute, so the minute filter still prunes inside a day partition.
     assert view["clustering"] == ["metric", "minute", "run_id"]
     assert view["table_id"] == "loss_spike_minutes"
 
@@ -720,3 +751,65 @@ def test_gcp_belief_upgrading_a_deployed_table_keeps_its_rows(table: str) -> Non
     assert not _updates_in_place(released, [*released, {"name": "x", "type": "STRING", "mode": "REQUIRED"}])
     assert not _updates_in_place(released, [{**first, "type": "BYTES"}, *rest])
     assert not _updates_in_place(released, [{**c, "mode": "REQUIRED"} if c is nullable else c for c in released])
+
+
+def test_gcp_belief_the_build_reads_the_function_services_source_bucket(plan: dict) -> None:
+    # Belief (https://cloud.google.com/functions/docs/building; hashicorp/terraform-provider-google
+    # #20571: "Access to bucket gcf-v2-sources-... denied. You must grant Storage Object Viewer
+    # permission to <build SA>"): the build fetches the zip from the service's bucket
+    # gcf-v2-sources-PROJECT_NUMBER-REGION, which exists only after the first deploy. Storage IAM
+    # conditions match resource.name "projects/_/buckets/NAME[/objects/...]"
+    # (https://cloud.google.com/storage/docs/access-control/iam#conditions).
+    grant = _after(plan, "google_project_iam_member.build_gcf_source_reader")
+    [condition] = grant["condition"]
+    assert condition["expression"] == 'resource.name.startsWith("projects/_/buckets/gcf-v2-sources-")'
+    assert "google_project_iam_member.build_gcf_source_reader" in _config(plan, "time_sleep.build_grants")["depends_on"]
+
+
+def test_gcp_belief_the_function_may_read_back_its_points_and_nothing_else(plan: dict) -> None:
+    # Belief (https://cloud.google.com/monitoring/access-control): roles/monitoring.metricWriter is
+    # write-only, so the re-run read-back (list_time_series) needs monitoring.timeSeries.list.
+    role = _after(plan, "google_project_iam_custom_role.series_reader")
+    assert role["permissions"] == ["monitoring.timeSeries.list"]
+    assert role["role_id"] == "lossspike_series_reader"
+    depends = _config(plan, "google_cloudfunctions2_function.evaluator")["depends_on"]
+    assert "google_project_iam_member.function_series_reader" in depends
+
+
+def test_gcp_belief_provider_floor_has_what_the_module_uses(plan: dict) -> None:
+    # Belief (hashicorp/terraform-provider-google CHANGELOG.md): build_config.service_account came
+    # in 5.26.0 (#17841) and the perpetual diff on service_config.environment_variables
+    # (LOG_EXECUTION_ID) was fixed in 5.38.0 (#18651).
+    google = plan["configuration"]["provider_config"]["google"]
+    assert google["version_constraint"].startswith(">= 5.38.0, < 7.0")
+
+
+def test_dashboard_readers_can_read_what_the_dashboard_reads(plan: dict) -> None:
+    # A materialized view's reader needs read access on the view and on its base table
+    # (https://cloud.google.com/bigquery/docs/materialized-views-use#required_roles).
+    grants = {
+        rc["change"]["after"]["table_id"]: rc["change"]["after"]
+        for rc in plan["resource_changes"]
+        if rc["address"].startswith("google_bigquery_table_iam_member.dashboard_reader")
+    }
+    assert set(grants) == set(DASHBOARD_TABLES.values())
+    telemetry = grants["telemetry"]
+    assert (telemetry["project"], telemetry["dataset_id"]) == (PROJECT, "lossspike")
+
+
+def test_without_the_rollup_the_tick_reads_raw_telemetry(workdir: Path) -> None:
+    # A materialized view cannot read a logical view: rollup_enabled = false builds none, grants
+    # nothing on it, and leaves LOSSSPIKE_ROLLUP_TABLE unset so the function runs the raw query.
+    args = [str(TERRAFORM), "plan", "-refresh=false", "-input=false", "-no-color", "-lock=false"]
+    args += ["-var-file=example.tfvars.json", "-var", "rollup_enabled=false", "-out=raw.tfplan"]
+    _run(args, workdir)
+    raw = json.loads(_run([str(TERRAFORM), "show", "-json", "raw.tfplan"], workdir).stdout)
+    addresses = {rc["address"] for rc in raw["resource_changes"]}
+    assert not {a for a in addresses if "rollup" in a}
+    readers = {
+        rc["change"]["after"]["table_id"] for rc in raw["resource_changes"] if "dashboard_reader" in rc["address"]
+    }
+    assert readers == {"loss_spike_alerts", "loss_spike_latest"}
+    env = _after(raw, "google_cloudfunctions2_function.evaluator")["service_config"][0]["environment_variables"]
+    settings = load_settings(env)
+    assert settings.rollup_table == "" and settings.telemetry_table == EXAMPLE_VARS["telemetry_table"]
