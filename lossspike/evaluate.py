@@ -14,13 +14,22 @@ import pyarrow as pa
 
 from lossspike import minutes
 from lossspike.deadline import Deadline
-from lossspike.overrides import run_policies
+from lossspike.overrides import overrides_table_name, run_policies, unusable_rows, unusable_summary
 from lossspike.rule import WINDOW_FIELDS, EnrolledRun, LossWindows, alert_rows, enrolled_runs
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, bucket_groups_query, loss_window_query, window_bounds
 from lossspike.store import Store, StoreError, TickRead
 
-__all__ = ["StoreError", "evaluate", "judge", "raw_enrolled", "rollup_enrolled", "rollup_query", "window_query"]
+__all__ = [
+    "StoreError",
+    "evaluate",
+    "evaluate_tick",
+    "judge",
+    "raw_enrolled",
+    "rollup_enrolled",
+    "rollup_query",
+    "window_query",
+]
 
 
 def window_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
@@ -46,7 +55,21 @@ def evaluate(store: Store, settings: Settings, now: datetime, deadline: Deadline
 
     A tick passes its `deadline` on to the store's reads.
     """
-    return judge(store.read_tick(settings, now, deadline), settings, now)
+    return evaluate_tick(store, settings, now, deadline)[0]
+
+
+def evaluate_tick(
+    store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """`evaluate`'s rows, and one line naming the override rows it could not use (None if none).
+
+    Such rows fail toward paging (their runs are judged with no silence in force);
+    the caller reports the line and counts the evaluation as failing.
+    """
+    read = store.read_tick(settings, now, deadline)
+    unusable = unusable_rows(read.overrides, now, settings.thresholds)
+    problem = unusable_summary(unusable, overrides_table_name(settings.alerts_table)) if unusable else None
+    return judge(read, settings, now), problem
 
 
 def rollup_query(dialect: Dialect, settings: Settings, now: datetime) -> Query:
