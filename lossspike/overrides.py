@@ -270,8 +270,13 @@ def escape_like(name: str) -> str:
     return name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+_SPECIAL = re.compile(r"[%_\\]")
+
+
 def _tokens(pattern: str) -> list[str]:
     """The pattern as literal runs of text and the wildcards '%' and '_' (as themselves)."""
+    if not _SPECIAL.search(pattern):
+        return [pattern] if pattern else []  # the common case: a run's literal name
     tokens: list[str] = []
     literal: list[str] = []
     chars = iter(pattern)
@@ -350,6 +355,8 @@ def row_problem(row: OverrideRow, base: Thresholds) -> str | None:
     """
     if row.problem:
         return row.problem
+    if not _readable_pattern(row):
+        return "run_pattern is NULL" if row.run_pattern is None else "run_pattern is not a usable LIKE pattern"
     merged = {f.name: getattr(base, f.name) for f in dataclasses.fields(Thresholds)}
     refused = []
     for column in THRESHOLD_COLUMNS:
@@ -372,7 +379,8 @@ def _policy(candidates: Sequence[OverrideRow], now: datetime, base: Thresholds, 
         column: next((getattr(r, column) for r in ranked if getattr(r, column) is not None), None)
         for column in RESOLVED_COLUMNS
     }
-    thresholds = dataclasses.replace(base, **{c: found[c] for c in THRESHOLD_COLUMNS if found[c] is not None})
+    tuned = {c: found[c] for c in THRESHOLD_COLUMNS if found[c] is not None}
+    thresholds = dataclasses.replace(base, **tuned) if tuned else base
     until = found["silenced_until"]
     silenced = (until is not None and until > now) or found["finished"] is True
     return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"])

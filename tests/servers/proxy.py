@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -28,6 +29,8 @@ class Faults:
     fail_all: bool = False
     # The error body sent with an injected failure (BigQuery's error format).
     payload: bytes = b'{"error": {"code": 503, "message": "injected backendError", "status": "UNAVAILABLE"}}'
+    # Seconds every matching request waits before it is relayed: a job that never finishes in time.
+    delay: float = 0.0
     seen: list[tuple[str, str, int]] = field(default_factory=list)
     # Every request body relayed or refused, with its method and path (what a tick sent).
     bodies: list[tuple[str, str, bytes]] = field(default_factory=list)
@@ -63,6 +66,8 @@ def faulty_proxy(upstream: str, faults: Faults) -> Iterator[str]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             faults.bodies.append((self.command, self.path, body or b""))
+            if faults.delay and self.command == faults.method and faults.path_contains in self.path:
+                time.sleep(faults.delay)
             if faults.should_fail(self.command, self.path):
                 payload = faults.payload
                 faults.seen.append((self.command, self.path, faults.status))
