@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -29,8 +29,6 @@ class Faults:
     fail_all: bool = False
     # The error body sent with an injected failure (BigQuery's error format).
     payload: bytes = b'{"error": {"code": 503, "message": "injected backendError", "status": "UNAVAILABLE"}}'
-    # Seconds every matching request waits before it is relayed: a job that never finishes in time.
-    delay: float = 0.0
     seen: list[tuple[str, str, int]] = field(default_factory=list)
     # Every request body relayed or refused, with its method and path (what a tick sent).
     bodies: list[tuple[str, str, bytes]] = field(default_factory=list)
@@ -66,8 +64,6 @@ def faulty_proxy(upstream: str, faults: Faults) -> Iterator[str]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             faults.bodies.append((self.command, self.path, body or b""))
-            if faults.delay and self.command == faults.method and faults.path_contains in self.path:
-                time.sleep(faults.delay)
             if faults.should_fail(self.command, self.path):
                 payload = faults.payload
                 faults.seen.append((self.command, self.path, faults.status))
@@ -102,3 +98,28 @@ def faulty_proxy(upstream: str, faults: Faults) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def never_finishing_jobs(upstream: str, project: str) -> Iterator[str]:
+    """Proxies in front of `upstream` under which every query job stays RUNNING: its insert,
+    its status and its results all say so (a job stuck in BigQuery's queue)."""
+    reference = {"projectId": project, "jobId": "lossspike-stuck", "location": "US"}
+    job = {
+        "kind": "bigquery#job",
+        "id": f"{project}:US.lossspike-stuck",
+        "jobReference": reference,
+        "status": {"state": "RUNNING"},
+        "configuration": {"jobType": "QUERY", "query": {"query": "SELECT 1"}},
+    }
+    results = {"kind": "bigquery#getQueryResultsResponse", "jobReference": reference, "jobComplete": False}
+
+    def running(method: str, path: str, body: dict) -> Faults:
+        return Faults(method=method, path_contains=path, status=200, fail_all=True, payload=json.dumps(body).encode())
+
+    with (
+        faulty_proxy(upstream, running("GET", "/jobs/", job)) as status,
+        faulty_proxy(status, running("POST", "/jobs", job)) as insert,
+        faulty_proxy(insert, running("GET", "/queries/", results)) as url,
+    ):
+        yield url
