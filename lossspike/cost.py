@@ -150,7 +150,9 @@ class Fleet:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= most:
                 why = " (--runs: no more runs page than are watched)" if name == "paging_runs" else ""
-                problems.append(f"--{name.replace('_', '-')} must be a number from 0 to {most:.0f}{why}, got {value!r}")
+                problems.append(
+                    f"--{name.replace('_', '-')} must be a finite number from 0 to {most:.0f}{why}, got {value!r}"
+                )
         if self.partition not in ("DAY", "HOUR"):
             problems.append(f"--partition must be DAY or HOUR, got {self.partition!r}")
         if problems:

@@ -316,7 +316,7 @@ MUTANTS = [
         "lossspike/cost.py",
         '"paging_runs": self.runs}',
         '"paging_runs": math.inf}',
-        [f"{HOSTILE_ARGUMENTS}[args6---paging-runs must be a number from 0 to 10]"],
+        [f"{HOSTILE_ARGUMENTS}[args6---paging-runs must be a finite number from 0 to 10]"],
     ),
     Mutant(
         "issue 17: the overrides listing prints notes raw",

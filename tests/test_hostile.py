@@ -843,9 +843,9 @@ def test_a_run_pattern_a_path_cannot_take_is_refused_at_start(tmp_path, args, en
             ("override", "hero-up", "--min-baseline-samples", "99999999999999999999999", "--note", "x"),
             "--min-baseline-samples='99999999999999999999999': must be at most 9223372036854775807",
         ),
-        (("cost", "--row-bytes", "1e308"), "--row-bytes must be a number from 0 to 100000000"),
-        (("cost", "--hz", "1e300"), "--hz must be a number from 0 to 1000"),
-        (("cost", "--runs", "10", "--paging-runs", "11"), "--paging-runs must be a number from 0 to 10"),
+        (("cost", "--row-bytes", "1e308"), "--row-bytes must be a finite number from 0 to 100000000"),
+        (("cost", "--hz", "1e300"), "--hz must be a finite number from 0 to 1000"),
+        (("cost", "--runs", "10", "--paging-runs", "11"), "--paging-runs must be a finite number from 0 to 10"),
     ],
 )
 def test_arguments_out_of_range_are_usage_errors_naming_the_range(tmp_path, args, needle):
