@@ -168,7 +168,8 @@ def _column_read(dialect: Dialect, column: dict[str, str], stored: str | None) -
         return null, None, None  # a table made before the column existed: NULL in its rows
     accepted = _ACCEPTED_TYPES[dialect.name][kind]
     if stored.strip().upper() not in accepted:
-        problem = f"column {name!r} is {stored}, not {' or '.join(accepted)}; {_type_fix(dialect, name, kind)}"
+        fix = _type_fix(dialect, name, kind, stored.strip().upper())
+        problem = f"column {name!r} is {stored}, not {' or '.join(accepted)}; {fix}"
         return null, f"{name} IS NOT NULL", problem
     if kind == "TIMESTAMP" and dialect.name == "duckdb":
         # DuckDB holds infinity and years before 1 or after 9999, which no reader can use.
@@ -177,11 +178,12 @@ def _column_read(dialect: Dialect, column: dict[str, str], stored: str | None) -
     return name, None, None
 
 
-def _type_fix(dialect: Dialect, name: str, kind: str) -> str:
+def _type_fix(dialect: Dialect, name: str, kind: str, stored: str) -> str:
     want = _CAST_TYPES[dialect.name][kind]
     if dialect.name == "duckdb":
-        using = f" USING {name} AT TIME ZONE 'UTC'" if kind == "TIMESTAMP" else ""
-        return f"fix: ALTER TABLE {OVERRIDES_TABLE} ALTER {name} SET DATA TYPE {want}{using} (if it holds UTC)"
+        # A zone-less time says nothing of its zone: the fix names the one it must have been written in.
+        using = f" USING {name} AT TIME ZONE 'UTC' (if it holds UTC)" if stored == "TIMESTAMP" else ""
+        return f"fix: ALTER TABLE {OVERRIDES_TABLE} ALTER {name} SET DATA TYPE {want}{using}"
     return f"fix: store it as {want} (lossspike/overrides_schema.json; Terraform creates the table from it)"
 
 
