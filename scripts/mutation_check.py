@@ -286,8 +286,8 @@ MUTANTS = [
     Mutant(
         "issue 17: DuckDB's LIKE without an escape character",
         "lossspike/sql.py",
-        """escape = " ESCAPE '\\\\'" if dialect.name == "duckdb" else """ "",
-        'escape = ""',
+        "\" ESCAPE '\\\\'\" if dialect.name",
+        '"" if dialect.name',
         ["tests/test_hostile.py::test_a_backslash_in_the_run_pattern_escapes_the_underscore"],
     ),
     Mutant(

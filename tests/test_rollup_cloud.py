@@ -345,9 +345,10 @@ def test_a_row_written_after_a_ticks_time_but_before_its_read_counts_from_the_ne
     # And a NaN loss every minute from four minutes before the tick on: it pages at every later tick.
     deployment.insert([Sample(tick + timedelta(minutes=m, seconds=5), math.nan, "hero-a") for m in range(-4, 4)])
     store = deployment.raw if read == "raw" else deployment.rollup
+    settings = replace(deployment.settings, rollup_table="") if read == "raw" else deployment.settings
 
     def verdict(moment: datetime) -> tuple:
-        got = store.read_tick(deployment.settings, moment)
+        got = store.read_tick(settings, moment)
         [row] = alert_rows(got.runs, moment, Thresholds(), run_policies_of(got, moment))
         return row["reason"], row["value"], row["silenced"]
 
