@@ -35,9 +35,14 @@ from servers.proxy import Faults, faulty_proxy  # noqa: E402
 
 from lossspike import cost  # noqa: E402
 from lossspike.bigquery_store import BigQueryStore  # noqa: E402
-from lossspike.evaluate import evaluate, raw_enrolled, rollup_enrolled  # noqa: E402
+from lossspike.evaluate import evaluate  # noqa: E402
+from lossspike.rule import enrolled_runs  # noqa: E402
 from lossspike.settings import DEFAULT_MAX_BYTES_BILLED, Settings  # noqa: E402
-from lossspike.sql import Selection, rollup_view_query  # noqa: E402
+from lossspike.sql import (  # noqa: E402
+    Selection,
+    loss_window_query,  # noqa: E402
+    rollup_view_query,
+)
 
 PROJECT = "lossspike-cost"
 DAY = datetime(2026, 11, 30, tzinfo=UTC)
@@ -110,10 +115,14 @@ def merge_error() -> float:
         ]
         store.connection.execute("DROP TABLE IF EXISTS telemetry")
         load_telemetry(store.connection, samples)
-        config = Settings()
-        for got, want in zip(rollup_enrolled(store, config, now), raw_enrolled(store, config, now), strict=True):
+        # The seed rule's windows from the minute layer against the raw query's.
+        config = Settings(detectors=(), checks=(), attempts="all")
+        raw = enrolled_runs(
+            store.fetch(loss_window_query(store.dialect, "telemetry", now, config.thresholds, config.selection))
+        )
+        for got, want in zip(evaluate(store, config, now), raw, strict=True):
             for key in ("baseline_mean", "baseline_stddev", "recent_mean"):
-                a, b = getattr(got.windows, key), getattr(want.windows, key)
+                a, b = got[key], getattr(want.windows, key)
                 if a is not None and b is not None and b != 0:
                     worst = max(worst, abs(a - b) / abs(b))
     return worst

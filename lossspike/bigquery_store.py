@@ -21,13 +21,15 @@ from typing import Any
 
 import pyarrow as pa
 from google.api_core.exceptions import GoogleAPICallError, GoogleAPIError, NotFound, RetryError
+from google.auth.exceptions import GoogleAuthError
 from google.cloud import bigquery
 
 from lossspike.deadline import Deadline
 from lossspike.overrides import (
     OVERRIDES_SCHEMA,
+    UNREADABLE,
     OverrideRow,
-    overrides_query,
+    overrides_select,
     overrides_table_name,
     rows_from_arrow,
 )
@@ -59,8 +61,9 @@ JOB_LABELS = {"app": "lossspike"}
 # Rows per write request: about 1 MB of query parameters, far under the 10 MB request
 # cap, so a fleet of up to this many runs writes in a single statement.
 MAX_ROWS_PER_WRITE = 1000
-# The override rows are re-read after their table changes, and at least this often in case
-# a change's metadata lags: one 10 MB read an hour, about $0.04 a month.
+# The override rows (all of them, whatever their created_at, so a cached copy serves every
+# later tick) are re-read after their table changes, and at least this often in case a
+# change's metadata lags: one 10 MB read an hour, about $0.04 a month.
 OVERRIDES_MAX_AGE = timedelta(hours=1)
 # The error reason of a job stopped by maximum_bytes_billed (BigQuery's error table).
 _BYTES_LIMIT = "bytesBilledLimitExceeded"
@@ -68,8 +71,11 @@ _BYTES_LIMIT = "bytesBilledLimitExceeded"
 _SCALAR_TYPES = ((bool, "BOOL"), (int, "INT64"), (float, "FLOAT64"), (str, "STRING"), (datetime, "TIMESTAMP"))
 # The override table's columns as GoogleSQL types, for reading them beside the tick's rows.
 OVERRIDE_TYPES = {
-    c["name"]: {"FLOAT": "FLOAT64", "INTEGER": "INT64", "BOOLEAN": "BOOL"}.get(c["type"], c["type"])
-    for c in OVERRIDES_SCHEMA
+    **{
+        c["name"]: {"FLOAT": "FLOAT64", "INTEGER": "INT64", "BOOLEAN": "BOOL"}.get(c["type"], c["type"])
+        for c in OVERRIDES_SCHEMA
+    },
+    UNREADABLE: "STRING",
 }
 _STRUCT_TYPES = {
     "TIMESTAMP": "TIMESTAMP",
@@ -112,12 +118,14 @@ def _rows_parameter(rows: list[dict[str, Any]]) -> bigquery.ArrayQueryParameter:
     return bigquery.ArrayQueryParameter("rows", "STRUCT", structs)
 
 
-# What a job can fail with: an API error, retries running out, or the wait timing out.
-_FAILURES = (GoogleAPIError, RetryError, TimeoutError)
+# What a job can fail with: an API error, retries running out, the wait timing out, or
+# credentials that cannot be refreshed (google.auth raises its own errors, not the API's).
+_FAILURES = (GoogleAPIError, RetryError, TimeoutError, GoogleAuthError)
 
 
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
+    """The error's message on one line, its type's name when it has none (a bare TimeoutError)."""
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 class BigQueryStore:
@@ -127,16 +135,23 @@ class BigQueryStore:
 
     def __init__(self, settings: Settings, client: bigquery.Client | None = None) -> None:
         self.settings = settings
-        self.client = client or bigquery.Client(project=settings.project or None, location=settings.location)
+        if client is None:
+            try:
+                client = bigquery.Client(project=settings.project or None, location=settings.location)
+            except Exception as error:  # noqa: BLE001 - missing credentials or project: one line, not a traceback
+                raise StoreError(f"cannot open BigQuery: {_one_line(error)}") from None
+        self.client = client
         # The client's own predicate (rate limits, backend errors, dropped connections),
         # bounded by our deadline instead of its ten minutes.
         self.retry = bigquery.DEFAULT_RETRY.with_deadline(RETRY_DEADLINE_SECONDS)
         self._cost: dict[str, Any] = {}
         self._checked = False
         self._overrides_table = overrides_table_name(settings.alerts_table)
-        # (the override table's last-modified time when read, the tick that read it, its rows)
-        self._overrides: tuple[datetime | None, datetime | None, list[OverrideRow]] = (None, None, [])
-        self._overrides_seen: tuple[datetime | None, datetime | None] = (None, None)
+        # (the override table's version when read: last-modified time and column types,
+        # the tick that read it, all its rows)
+        self._overrides: tuple[Any, datetime | None, list[OverrideRow]] = (None, None, [])
+        self._overrides_seen: tuple[Any, datetime | None] = (None, None)
+        self._overrides_version: Any = None
 
     def close(self) -> None:
         self.client.close()
@@ -173,7 +188,14 @@ class BigQueryStore:
             timeout=request,
         )
         wait = RETRY_DEADLINE_SECONDS if deadline is None else deadline.timeout(RETRY_DEADLINE_SECONDS, component)
-        return job, job.result(retry=retry, timeout=wait)
+        try:
+            return job, job.result(retry=retry, timeout=wait)
+        except TimeoutError as error:
+            # The client's wait ends with a bare TimeoutError: say which job, and what ran out.
+            raise TimeoutError(
+                f"job {job.job_id} did not finish within {wait:.1f} s, what the tick's deadline left for"
+                f" {component!r}; BigQuery may still run it"
+            ) from error
 
     def fetch(self, query: Query, deadline: Deadline | None = None) -> pa.Table:
         """Run one read-only query; the result as an Arrow table, read without the Storage API."""
@@ -235,7 +257,8 @@ class BigQueryStore:
         """
         self.check_telemetry()
         now = windows.now
-        overrides, changed = self._overrides_state(now)
+        overrides, stored = self._overrides_state(now)
+        changed = stored is not None
         rollup = settings.rollup_table
         if now.second or now.microsecond:
             rollup = ""
@@ -243,8 +266,10 @@ class BigQueryStore:
             BIGQUERY, settings.selection, windows, telemetry_table=settings.telemetry_table, rollup_table=rollup
         )
         sql = query.sql
+        problems = None
         if changed:
-            sql = with_rows_of(sql, TICK_READ_TYPES, self._overrides_table, OVERRIDE_TYPES)
+            source, problems = overrides_select(BIGQUERY, self._overrides_table, stored)
+            sql = with_rows_of(sql, TICK_READ_TYPES, self._overrides_table, OVERRIDE_TYPES, source)
         if rollup:
             script = f"{refresh_statement(rollup)}\n{with_refresh_status(sql)}"
             result = self._note_refresh(self._read(script, query.params, "rollup", deadline), now)
@@ -253,7 +278,7 @@ class BigQueryStore:
         if changed:
             other = result.column(OTHER_ROWS).to_numpy(zero_copy_only=False).astype(bool)
             rows = result.filter(pa.array(other)).select([f"other_{n}" for n in OVERRIDE_TYPES])
-            overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES))))
+            overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES)), problems))
             result = result.filter(pa.array(~other)).drop_columns([f"other_{n}" for n in OVERRIDE_TYPES] + [OTHER_ROWS])
         return TickRead(result, overrides)
 
@@ -283,32 +308,48 @@ class BigQueryStore:
         return result
 
     def read_overrides(self, until: datetime, deadline: Deadline | None = None) -> list[OverrideRow]:
-        """Every override row written at or before `until`; none when the table does not exist."""
-        query = overrides_query(BIGQUERY, self._overrides_table, until)
-        try:
-            return rows_from_arrow(self._read(query.sql, query.params, "overrides", deadline))
-        except StoreError as error:
-            if isinstance(error.__cause__, NotFound):
-                return []
-            raise
+        """Every override row written at or before `until` (or whose created_at cannot be
+        read); none when the table does not exist."""
+        stored = self._overrides_columns()
+        if stored is None:
+            return []
+        rows = self._read_override_rows(stored, deadline)
+        return [r for r in rows if r.created_at is None or r.created_at <= until]
 
-    def _overrides_state(self, now: datetime) -> tuple[list[OverrideRow], bool]:
-        """(the cached override rows, whether to read them again: the table changed, or the copy is old).
-
-        BigQuery moves a table's lastModifiedTime with every change of its contents
-        (streamed rows may lag; overrides are written by DML INSERT).
-        """
+    def _overrides_columns(self) -> dict[str, str] | None:
+        """The override table's column types (metadata, free); None when it does not exist."""
         try:
             table = self.client.get_table(self._overrides_table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS)
         except NotFound:
-            self._overrides = (None, None, [])
-            return [], False
+            return None
         except _FAILURES as error:
             raise StoreError(f"cannot read the metadata of {self._overrides_table}: {_one_line(error)}") from error
-        self._overrides_seen = (table.modified, now)
-        modified, read_at, rows = self._overrides
+        self._overrides_version = (table.modified, tuple((f.name, f.field_type) for f in table.schema))
+        return {f.name: f.field_type for f in table.schema}
+
+    def _read_override_rows(self, stored: dict[str, str], deadline: Deadline | None) -> list[OverrideRow]:
+        """Every row of the override table, whatever its created_at, unusable ones marked."""
+        sql, problems = overrides_select(BIGQUERY, self._overrides_table, stored)
+        return rows_from_arrow(self._read(sql, {}, "overrides", deadline), problems)
+
+    def _overrides_state(self, now: datetime) -> tuple[list[OverrideRow], dict[str, str] | None]:
+        """(the cached override rows, the table's column types when they must be read again, else None).
+
+        They are read again when the table changed (its last-modified time or its
+        columns) or the copy is old. BigQuery moves a table's lastModifiedTime with
+        every change of its contents (streamed rows may lag; overrides are written by
+        DML INSERT). The copy holds every row, whatever its created_at, so a row written
+        after one tick's time but before its read still counts at the next tick.
+        """
+        stored = self._overrides_columns()
+        if stored is None:
+            self._overrides = (None, None, [])
+            return [], None
+        self._overrides_seen = (self._overrides_version, now)
+        version, read_at, rows = self._overrides
         stale = read_at is None or abs(now - read_at) >= OVERRIDES_MAX_AGE
-        return rows, modified is None or modified != table.modified or stale
+        changed = version is None or version != self._overrides_version or stale
+        return rows, (stored if changed else None)
 
     def _cache_overrides(self, rows: list[OverrideRow]) -> list[OverrideRow]:
         self._overrides = (*self._overrides_seen, rows)

@@ -6,9 +6,10 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -147,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
 _OVERRIDE_FLAGS = ("sigma", "min_rise", "min_baseline_samples", "min_recent_samples", "reference", "stall_minutes")
 # `--for 90m`, `--for 2h`, `--for 1d`: the units a silence is thought of in.
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DIGITS = re.compile(r"[0-9]+")
+# The last whole second both BigQuery's TIMESTAMP and DuckDB's TIMESTAMPTZ hold with Python's
+# datetime (https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types#timestamp_type).
+_LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
 def _add_override_target(parser: argparse.ArgumentParser) -> None:
@@ -189,11 +194,19 @@ def _add_override_commands(commands: Any) -> None:
     _add_override_backend(listing, "list as of this time")
 
 
-def _duration(text: str) -> timedelta:
+def _silence_end(text: str, now: datetime) -> datetime:
+    """When a silence of `--for TEXT` written at `now` ends; a ConfigError naming the range otherwise."""
     number, unit = text.strip()[:-1], text.strip()[-1:].lower()
-    if unit not in _DURATION_UNITS or not number.isdigit() or int(number) < 1:
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses.
+    if unit not in _DURATION_UNITS or not _DIGITS.fullmatch(number) or int(number) < 1:
         raise ConfigError(f"--for {text!r}: expected a positive whole number and a unit s, m, h or d, e.g. 2h")
-    return timedelta(seconds=int(number) * _DURATION_UNITS[unit])
+    room = int((_LAST_INSTANT - now).total_seconds()) // _DURATION_UNITS[unit]
+    if int(number) > room:
+        raise ConfigError(
+            f"--for {text!r}: must be at most {room}{unit}, which ends at {format_rfc3339(_LAST_INSTANT)},"
+            " the last time a table holds; --finished silences a run for good"
+        )
+    return now + timedelta(seconds=int(number) * _DURATION_UNITS[unit])
 
 
 class _OverrideTable:
@@ -237,8 +250,18 @@ class _OverrideTable:
         from lossspike.store import StoreError
 
         if self.client is None:
-            with self._duckdb(read_only=False) as store:
-                overrides.write_duckdb(store.connection, self.table, row)
+            try:
+                with self._duckdb(read_only=False) as store:
+                    overrides.write_duckdb(store.connection, self.table, row)
+            except StoreError as error:
+                if "lock" not in str(error).lower():
+                    raise
+                # DuckDB lets one process write a file; the local function holds it while it runs.
+                raise StoreError(
+                    f"{error}; another process (a local `functions-framework` serving lossspike?) holds"
+                    f" {self.settings.database}: stop it and run this again, or keep overrides where both"
+                    " can write them (LOSSSPIKE_BACKEND=bigquery)"
+                ) from None
             return
         try:
             overrides.write_bigquery(self.client, self.table, row, self.settings.location)
@@ -287,10 +310,11 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
     from lossspike.overrides import matches
+    from lossspike.render import terminal_safe
     from lossspike.store import StoreError
 
     table.insert(row)
-    sys.stdout.write(f"wrote to {table.where()}: {_describe_override(row)}\n")
+    sys.stdout.write(terminal_safe(f"wrote to {table.where()}: {_describe_override(row)}") + "\n")
     try:
         watched = table.watched_runs(now)
     except StoreError as error:
@@ -298,7 +322,7 @@ def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
         return 0
     hits = [f"{cluster}/{run}" for cluster, run in watched if matches(row, cluster, run)]
     if hits:
-        sys.stdout.write(f"applies to {len(hits)} watched run(s): {', '.join(hits)}\n")
+        sys.stdout.write(terminal_safe(f"applies to {len(hits)} watched run(s): {', '.join(hits)}") + "\n")
     else:
         sys.stdout.write(
             "note: it matches no run watched now; it applies once a matching run is enrolled"
@@ -327,7 +351,7 @@ def _cmd_silence(args: argparse.Namespace) -> int:
     now = _now(args)
     values: dict[str, Any] = {}
     if args.duration is not None:
-        values["silenced_until"] = now + _duration(args.duration)
+        values["silenced_until"] = _silence_end(args.duration, now)
     elif args.until is not None:
         try:
             until = parse_rfc3339(args.until)
@@ -349,6 +373,7 @@ def _cmd_override(args: argparse.Namespace) -> int:
     from dataclasses import fields
     from types import SimpleNamespace
 
+    from lossspike.overrides import MAX_INTEGER
     from lossspike.rule import threshold_problems
     from lossspike.settings import OPTIONS_BY_KEY
 
@@ -363,6 +388,9 @@ def _cmd_override(args: argparse.Namespace) -> int:
             values[key] = OPTIONS_BY_KEY[key].parse(raw)
         except ValueError as error:
             problems.append(f"{OPTIONS_BY_KEY[key].flag}={raw!r}: {error}")
+            continue
+        if isinstance(values[key], int) and values[key] > MAX_INTEGER:
+            problems.append(f"{OPTIONS_BY_KEY[key].flag}={raw!r}: must be at most {MAX_INTEGER} (a 64-bit column)")
     if problems:
         raise ConfigError("; ".join(problems))
     table = _OverrideTable(args)
@@ -376,22 +404,39 @@ def _cmd_override(args: argparse.Namespace) -> int:
 
 
 def _cmd_overrides(args: argparse.Namespace) -> int:
-    from lossspike.overrides import in_force
+    from lossspike.overrides import describe_unusable, in_force, unusable_rows
+    from lossspike.render import terminal_safe
 
     now = _now(args)
     table = _OverrideTable(args)
     rows = table.read(now)
-    shown = sorted(rows, key=lambda r: r.created_at, reverse=True) if args.all else in_force(rows, now)
+    unusable = unusable_rows(rows, now, table.settings.thresholds)
+    broken = {id(r) for r, _ in unusable}
+    usable = [r for r in rows if id(r) not in broken]
+    shown = sorted(usable, key=lambda r: r.created_at, reverse=True) if args.all else in_force(usable, now)
     if args.format == "json":
         listed = [
-            {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in r.values().items()} for r in shown
+            {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in r.values().items()}
+            for r in [*(r for r, _ in unusable), *shown]
         ]
+        for entry, (_, problem) in zip(listed, unusable, strict=False):
+            entry["unusable"] = problem
         sys.stdout.write(json.dumps(listed, indent=2) + "\n")
         return 0
+    out = []
+    if unusable:
+        out.append(
+            f"unusable override rows at {format_rfc3339(now)} in {table.where()}: {len(unusable)}"
+            " (the runs they could match page as if no silence were in force; write a corrected row"
+            " or fix the row in place)"
+        )
+        out += [f"  {describe_unusable(r, problem)}" for r, problem in unusable]
     what = "every override row" if args.all else "override rows in force"
-    sys.stdout.write(f"{what} at {format_rfc3339(now)} in {table.where()}: {len(shown)}\n")
+    out.append(f"{what} at {format_rfc3339(now)} in {table.where()}: {len(shown)}")
     for row in shown:
-        sys.stdout.write(f"  {format_rfc3339(row.created_at)}  {row.created_by or '-'}  {_describe_override(row)}\n")
+        out.append(f"  {format_rfc3339(row.created_at)}  {row.created_by or '-'}  {_describe_override(row)}")
+    # Notes, clusters and writers are typed by people: escape what would restyle a terminal.
+    sys.stdout.write("".join(terminal_safe(line) + "\n" for line in out))
     return 0
 
 
@@ -459,18 +504,22 @@ def _settings(args: argparse.Namespace, **extra: str | None) -> Settings:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from lossspike.duckdb_store import DuckDBStore
-    from lossspike.evaluate import evaluate
-    from lossspike.render import render
+    from lossspike.evaluate import evaluate_tick
+    from lossspike.render import render, terminal_safe
 
     settings = _settings(args, database=args.database, backend="duckdb")
     now = _now(args)
     with DuckDBStore(
         settings.database, settings.telemetry_table, settings.alerts_table, read_only=args.no_write
     ) as store:
-        rows = evaluate(store, settings, now)
+        rows, unusable = evaluate_tick(store, settings, now)
         if not args.no_write:
             store.write_alerts(rows)
     sys.stdout.write(render(rows, args.format))
+    if unusable:
+        # Every verdict is out (those runs with no silence in force); the failure still shows.
+        sys.stderr.write(f"lossspike: error: {terminal_safe(unusable)}\n")
+        return 1
     return 0
 
 

@@ -118,6 +118,13 @@ ALERT_BYTES = {name: 8 for name in ALERT_COLUMNS} | {
 }
 OVERRIDE_ROWS = 100
 OVERRIDE_ROW_BYTES = 120
+# The largest fleet a model prices: far past any deployment, and small enough that every
+# product of the model stays a finite float (a typo such as --hz 1e300 is refused, not printed as inf).
+MAX_FLEET = {"runs": 10**6, "metrics": 10**4, "non_hero_runs": 10**7}
+# Samples per metric per second: Levanter logs once per step, and no step takes under a millisecond.
+MAX_HZ = 1000.0
+# BigQuery's largest row is 100 MB (https://cloud.google.com/bigquery/quotas#load_jobs).
+MAX_ROW_BYTES = 100e6
 # How often the tick re-reads the override rows when nothing changed (lossspike.bigquery_store).
 OVERRIDES_READS_PER_MONTH = 30 * 24
 # Times of day the bill must not depend on: just after midnight, noon, late evening.
@@ -158,19 +165,22 @@ class Fleet:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("runs", "metrics", "non_hero_runs", "horizon_minutes"):
+        for name, most in MAX_FLEET.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                problems.append(f"--{name.replace('_', '-')} must be a whole number >= 0, got {value!r}")
-        for name in (
-            "hz",
-            "row_bytes",
-            "paging_runs",
-            "rollup_rows_per_run_minute",
-            "rollup_row_bytes",
-            "buffer_minutes",
-            "alert_rows_per_run",
-        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+                problems.append(f"--{name.replace('_', '-')} must be a whole number from 0 to {most}, got {value!r}")
+        horizon = self.horizon_minutes
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+            problems.append(f"--horizon-minutes must be a whole number >= 0, got {horizon!r}")
+        ranges = {"hz": MAX_HZ, "row_bytes": MAX_ROW_BYTES, "paging_runs": self.runs}
+        for name, most in ranges.items():
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= most:
+                why = " (--runs: no more runs page than are watched)" if name == "paging_runs" else ""
+                problems.append(
+                    f"--{name.replace('_', '-')} must be a finite number from 0 to {most:.0f}{why}, got {value!r}"
+                )
+        for name in ("rollup_rows_per_run_minute", "rollup_row_bytes", "buffer_minutes", "alert_rows_per_run"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 problems.append(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")

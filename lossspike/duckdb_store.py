@@ -13,7 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from lossspike.deadline import Deadline
-from lossspike.overrides import OverrideRow, overrides_query, overrides_table_name, rows_from_arrow, table_exists_duckdb
+from lossspike.overrides import OverrideRow, overrides_table_name, read_duckdb
 from lossspike.schema import (
     ALERT_COLUMNS,
     ALERTS_SCHEMA,
@@ -57,6 +57,9 @@ class DuckDBStore:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a directory; give the DuckDB database file")
             raise StoreError(f"database file not found: {self.path}")
+        if not self._in_memory and _is_sqlite(self.path):
+            # DuckDB would try to install its sqlite extension from the network to attach it.
+            raise StoreError(f"{self.path} is an SQLite database, not a DuckDB file; give the DuckDB database file")
         self.telemetry_table = telemetry_table
         self.alerts_table = alerts_table
         self.overrides_table = overrides_table_name(alerts_table)
@@ -178,9 +181,14 @@ class DuckDBStore:
             return self._read_overrides(until, deadline)
 
     def _read_overrides(self, until: datetime, deadline: Deadline | None) -> list[OverrideRow]:
-        if not table_exists_duckdb(self.connection, self.overrides_table):
-            return []
-        return rows_from_arrow(self.fetch(overrides_query(self.dialect, self.overrides_table, until), deadline))
+        if deadline is not None:
+            deadline.check(f"reading {self.overrides_table!r}")
+        try:
+            rows = read_duckdb(self.connection, self.overrides_table)
+        except duckdb.Error as error:
+            raise StoreError(f"query on {self.overrides_table!r} failed: {_first_line(error)}") from None
+        # A row whose created_at cannot be read may already be in force: it is kept, and reported.
+        return [r for r in rows if r.created_at is None or r.created_at <= until]
 
     def last_cost(self) -> dict[str, Any]:
         """DuckDB bills nothing; the tick's log measures the time itself."""
@@ -235,6 +243,18 @@ class DuckDBStore:
             with contextlib.suppress(duckdb.Error):
                 connection.unregister("lossspike_staged")
         return staged.num_rows
+
+
+# The first bytes of every SQLite 3 database (https://www.sqlite.org/fileformat.html, "The Database Header").
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False  # DuckDB's own open then says what is wrong
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

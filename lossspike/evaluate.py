@@ -27,7 +27,7 @@ from lossspike.checks import (
 from lossspike.deadline import Deadline
 from lossspike.detectors import LIMITS, detect, recent_width
 from lossspike.minutes import TickRuns
-from lossspike.overrides import LOSS_SCOPE, OverrideRow, resolve
+from lossspike.overrides import LOSS_SCOPE, overrides_table_name, run_policies, unusable_rows, unusable_summary
 from lossspike.rule import (
     HEALTHY,
     PAGING_REASONS,
@@ -46,7 +46,7 @@ from lossspike.settings import Settings
 from lossspike.sql import CHECK_METRICS, TickWindows, metric_names
 from lossspike.store import Store, StoreError, TickRead
 
-__all__ = ["StoreError", "enrolled", "evaluate", "judge", "tick_windows"]
+__all__ = ["StoreError", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
 
 
 def tick_windows(settings: Settings, now: datetime) -> TickWindows:
@@ -66,7 +66,21 @@ def tick_windows(settings: Settings, now: datetime) -> TickWindows:
 def evaluate(store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None) -> list[dict[str, Any]]:
     """The alert rows for evaluation time `now`: per enrolled run its loss row and a row per
     firing check, or the fleet row. A tick passes its `deadline` on to the store's reads."""
-    return judge(store.read_tick(settings, tick_windows(settings, now), deadline), settings, now)
+    return evaluate_tick(store, settings, now, deadline)[0]
+
+
+def evaluate_tick(
+    store: Store, settings: Settings, now: datetime, deadline: Deadline | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """`evaluate`'s rows, and one line naming the override rows it could not use (None if none).
+
+    Such rows fail toward paging (their runs are judged with no silence in force);
+    the caller reports the line and counts the evaluation as failing.
+    """
+    read = store.read_tick(settings, tick_windows(settings, now), deadline)
+    unusable = unusable_rows(read.overrides, now, settings.thresholds)
+    problem = unusable_summary(unusable, overrides_table_name(settings.alerts_table)) if unusable else None
+    return judge(read, settings, now), problem
 
 
 def enrolled(store: Store, settings: Settings, now: datetime) -> list[tuple[str, str]]:
@@ -83,7 +97,15 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     if not runs.keys:
         return [fleet_row(now)]
     checks = enabled_checks(settings.checks, t)
-    policies = [_policy(read.overrides, key, now, t, LOSS_SCOPE) for key in runs.keys]
+    found = run_policies(runs.keys, read.overrides, now, t, LOSS_SCOPE)
+    plain = RunPolicy(t)
+    policies = [found.get(key, plain) for key in runs.keys]
+    # A check's rows take the rows scoped to it or to the whole run: resolved once per check,
+    # and only where some row names a scope (else every row's policy is the loss row's).
+    scoped_rows = any(r.reason is not None for r in read.overrides)
+    by_check = {
+        check: run_policies(runs.keys, read.overrides, now, t, check) if scoped_rows else found for check in checks
+    }
     loss = judge_loss(runs, [p.thresholds for p in policies], settings.detectors, now)
     names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
     rows = []
@@ -95,14 +117,10 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
             continue
         data = _check_data(runs, i, names)
         for check in checks:
-            scoped = _policy(read.overrides, key, now, t, check) if read.overrides else policy
+            scoped = by_check[check].get(key, plain)
             for fired in run_checks(data, windows_i, reason, scoped.thresholds, (check,)):
                 rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
     return rows
-
-
-def _policy(rows: list[OverrideRow], key: tuple[str, str], now: datetime, base: Thresholds, scope: str) -> RunPolicy:
-    return resolve(rows, key[0], key[1], now, base, scope) if rows else RunPolicy(base)
 
 
 def judge_loss(

@@ -8,6 +8,13 @@ tick on either backend and the backtest at every replayed minute.
 
 `overrides_schema.json` is the table's one definition: DuckDB's DDL and
 BigQuery's parameter types come from it here, and Terraform reads the same file.
+
+Rows are written by people, so reading never trusts them: every column is read
+as its schema type or as NULL plus its name in UNREADABLE, and a row the product
+cannot use (a NULL or malformed pattern, a time out of range, a wrong type, a
+threshold the settings refuse) carries a `problem`. Such a row fails toward
+paging: the runs it could match are judged with no silence in force, with
+thresholds from the usable rows, and the tick reports it (SPEC.md).
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ import getpass
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from lossspike.rule import RunPolicy, Thresholds, threshold_problems
-from lossspike.sql import Dialect, Query, quote_table, validate_table
+from lossspike.sql import Dialect, quote_table, validate_table
 
 OVERRIDES_TABLE = "loss_spike_overrides"
 OVERRIDES_SCHEMA_PATH = Path(__file__).with_name("overrides_schema.json")
@@ -65,6 +73,16 @@ RESOLVED_COLUMNS = (*THRESHOLD_COLUMNS, "silenced_until", "finished", "note")
 UNKNOWN_CLUSTER = "unknown"
 # Shown on the command line's jobs, for cost attribution like the tick's own jobs.
 JOB_LABELS = {"app": "lossspike", "component": "overrides"}
+# The result column naming, per row, the columns whose stored value could not be read
+# as the schema's type (NULL in the row then): a wrong column type, a time out of range.
+UNREADABLE = "unreadable_columns"
+# Unusable rows named in one log or error line; the rest are counted.
+MAX_ROWS_NAMED = 3
+# BigQuery's INT64 and DuckDB's BIGINT hold at most this; a larger value cannot be written.
+MAX_INTEGER = 2**63 - 1
+# The instants both engines and Python's datetime can all hold: [year 1, year 10000).
+_FIRST_INSTANT = "0001-01-01 00:00:00+00"
+_END_INSTANT = "10000-01-01 00:00:00+00"
 
 _DUCKDB_TYPES = {
     "STRING": "VARCHAR",
@@ -72,6 +90,44 @@ _DUCKDB_TYPES = {
     "INTEGER": "BIGINT",
     "TIMESTAMP": "TIMESTAMPTZ",
     "BOOLEAN": "BOOLEAN",
+}
+# The stored column types read as each schema type without loss or a time zone's say, by
+# backend: DuckDB's information_schema.columns.data_type names (its FLOAT is a 4-byte REAL);
+# BigQuery's TableFieldSchema.type, legacy and standard spellings
+# (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema.FIELDS.type).
+_ACCEPTED_TYPES = {
+    "duckdb": {
+        "STRING": ("VARCHAR",),
+        "FLOAT": ("DOUBLE", "FLOAT"),
+        "INTEGER": ("BIGINT", "INTEGER", "SMALLINT", "TINYINT"),
+        "TIMESTAMP": ("TIMESTAMP WITH TIME ZONE",),
+        "BOOLEAN": ("BOOLEAN",),
+    },
+    "bigquery": {
+        "STRING": ("STRING",),
+        "FLOAT": ("FLOAT", "FLOAT64"),
+        "INTEGER": ("INTEGER", "INT64"),
+        "TIMESTAMP": ("TIMESTAMP",),
+        "BOOLEAN": ("BOOLEAN", "BOOL"),
+    },
+}
+_CAST_TYPES = {
+    "duckdb": _DUCKDB_TYPES,
+    "bigquery": {
+        "STRING": "STRING",
+        "FLOAT": "FLOAT64",
+        "INTEGER": "INT64",
+        "TIMESTAMP": "TIMESTAMP",
+        "BOOLEAN": "BOOL",
+    },
+}
+# The Python values a read column of each schema type may hold (bool is no number here).
+_PYTHON_TYPES: dict[str, tuple[type, ...]] = {
+    "STRING": (str,),
+    "FLOAT": (float, int),
+    "INTEGER": (int,),
+    "TIMESTAMP": (datetime,),
+    "BOOLEAN": (bool,),
 }
 # BigQuery's query-parameter type names for the schema's (legacy) column type names.
 _PARAMETER_TYPES = {
@@ -115,6 +171,9 @@ class OverrideRow:
     finished: bool | None = None
     note: str | None = None
     created_by: str | None = None
+    # Not a column: why the row as read cannot be used (None: it can). A column it could not
+    # read is None here, so run_pattern and created_at may be None on such a row.
+    problem: str | None = field(default=None, compare=False)
 
     def values(self) -> dict[str, Any]:
         """The row as column -> value, in the table's column order."""
@@ -136,11 +195,57 @@ def overrides_table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns}\n)"
 
 
-def overrides_query(dialect: Dialect, table: str, now: datetime) -> Query:
-    """Every override row written at or before `now` (a row counts from its created_at on)."""
-    columns = ", ".join(OVERRIDE_COLUMNS)
-    sql = f"SELECT {columns}\nFROM {quote_table(dialect, table)}\nWHERE created_at <= {dialect.param.format('now')}"
-    return Query(sql, {"now": now})
+def _column_read(dialect: Dialect, column: dict[str, str], stored: str | None) -> tuple[str, str | None, str | None]:
+    """(the expression reading one schema column, the condition under which its stored value is
+    unreadable, the column's type problem) for a column stored as `stored` (None: missing)."""
+    name, kind = column["name"], column["type"]
+    null = f"CAST(NULL AS {_CAST_TYPES[dialect.name][kind]})"
+    if stored is None:
+        if column["mode"] == "REQUIRED":
+            return null, "TRUE", f"column {name!r} is missing"
+        return null, None, None  # a table made before the column existed: NULL in its rows
+    accepted = _ACCEPTED_TYPES[dialect.name][kind]
+    if stored.strip().upper() not in accepted:
+        fix = _type_fix(dialect, name, kind, stored.strip().upper())
+        problem = f"column {name!r} is {stored}, not {' or '.join(accepted)}; {fix}"
+        return null, f"{name} IS NOT NULL", problem
+    if kind == "TIMESTAMP" and dialect.name == "duckdb":
+        # DuckDB holds infinity and years before 1 or after 9999, which no reader can use.
+        in_range = f"{name} >= TIMESTAMPTZ '{_FIRST_INSTANT}' AND {name} < TIMESTAMPTZ '{_END_INSTANT}'"
+        return f"CASE WHEN {in_range} THEN {name} END", f"{name} IS NOT NULL AND NOT ({in_range})", None
+    return name, None, None
+
+
+def _type_fix(dialect: Dialect, name: str, kind: str, stored: str) -> str:
+    want = _CAST_TYPES[dialect.name][kind]
+    if dialect.name == "duckdb":
+        # A zone-less time says nothing of its zone: the fix names the one it must have been written in.
+        using = f" USING {name} AT TIME ZONE 'UTC' (if it holds UTC)" if stored == "TIMESTAMP" else ""
+        return f"fix: ALTER TABLE {OVERRIDES_TABLE} ALTER {name} SET DATA TYPE {want}{using}"
+    return f"fix: store it as {want} (lossspike/overrides_schema.json; Terraform creates the table from it)"
+
+
+def overrides_select(dialect: Dialect, table: str, stored: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """(a SELECT of every row of the overrides table, the problems of its column types).
+
+    `stored` maps the table's column names to their stored types (the backend's
+    spelling). Each schema column is read as its schema type: a missing column
+    as NULL; a column of another type, or a DuckDB time no reader can hold, as
+    NULL with its name listed in the row's UNREADABLE column. Every row is read:
+    which count at `now` is decided in Python, so the rows read serve any later tick.
+    """
+    expressions, conditions, problems = [], [], {}
+    present = {name.lower(): kind for name, kind in stored.items()}
+    for column in OVERRIDES_SCHEMA:
+        expression, unreadable, problem = _column_read(dialect, column, present.get(column["name"]))
+        expressions.append(f"{expression} AS {column['name']}")
+        if unreadable:
+            conditions.append(f"CASE WHEN {unreadable} THEN '{column['name']} ' ELSE '' END")
+        if problem:
+            problems[column["name"]] = problem
+    expressions.append(f"{' || '.join(conditions) or repr('')} AS {UNREADABLE}")
+    listed = ",\n  ".join(expressions)
+    return f"SELECT\n  {listed}\nFROM {quote_table(dialect, table)}", problems
 
 
 def insert_sql(dialect: Dialect, table: str) -> str:
@@ -150,18 +255,50 @@ def insert_sql(dialect: Dialect, table: str) -> str:
     return f"INSERT INTO {quote_table(dialect, table)} ({columns}) VALUES ({values})"
 
 
-def _utc(moment: datetime | None) -> datetime | None:
-    return None if moment is None else moment.astimezone(UTC)
+def _utc(moment: datetime) -> datetime | None:
+    # A zone-less time cannot be placed without guessing a zone: unreadable, never local time.
+    return None if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def rows_from_arrow(table: pa.Table) -> list[OverrideRow]:
-    """Override rows from a query result (either engine)."""
+def _read_value(column: dict[str, str], value: Any) -> tuple[Any, str | None]:
+    """(the value as the row holds it, or None with the reason it cannot be used)."""
+    name, kind = column["name"], column["type"]
+    if value is None:
+        return None, (f"{name} is NULL" if column["mode"] == "REQUIRED" else None)
+    if isinstance(value, bool) and kind != "BOOLEAN" or not isinstance(value, _PYTHON_TYPES[kind]):
+        return None, f"{name} is not a {kind}"
+    if kind == "TIMESTAMP":
+        moment = _utc(value)
+        return moment, (None if moment is not None else f"{name} has no time zone")
+    if kind == "FLOAT":
+        return float(value), None
+    return value, None
+
+
+def rows_from_arrow(table: pa.Table, column_problems: dict[str, str] | None = None) -> list[OverrideRow]:
+    """Override rows from a query result (either engine), each unusable one with its problem.
+
+    `column_problems` are `overrides_select`'s, for the columns a row's UNREADABLE names.
+    """
+    column_problems = column_problems or {}
     rows = []
     for record in table.to_pylist():
-        values = {name: record.get(name) for name in OVERRIDE_COLUMNS}
-        values["created_at"] = _utc(values["created_at"])
-        values["silenced_until"] = _utc(values["silenced_until"])
-        rows.append(OverrideRow(**values))
+        values: dict[str, Any] = {}
+        problems = []
+        unreadable = set((record.get(UNREADABLE) or "").split())
+        for column in OVERRIDES_SCHEMA:
+            name = column["name"]
+            if name in unreadable:
+                values[name] = None
+                problems.append(column_problems.get(name, f"{name} is out of range"))
+                continue
+            values[name], problem = _read_value(column, record.get(name))
+            if problem:
+                problems.append(problem)
+        pattern = values["run_pattern"]
+        if isinstance(pattern, str) and dangling_escape(pattern):
+            problems.append("run_pattern ends with a backslash that escapes nothing")
+        rows.append(OverrideRow(**values, problem="; ".join(problems) or None))
     return rows
 
 
@@ -173,21 +310,45 @@ def escape_like(name: str) -> str:
     return name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-@lru_cache(maxsize=4096)
-def _like_regex(pattern: str) -> re.Pattern[str]:
-    parts = []
+_SPECIAL = re.compile(r"[%_\\]")
+
+
+def _tokens(pattern: str) -> list[str]:
+    """The pattern as literal runs of text and the wildcards '%' and '_' (as themselves)."""
+    if not _SPECIAL.search(pattern):
+        return [pattern] if pattern else []  # the common case: a run's literal name
+    tokens: list[str] = []
+    literal: list[str] = []
     chars = iter(pattern)
     for ch in chars:
-        if ch == "\\":
-            # A trailing backslash has nothing to escape and stands for itself.
-            parts.append(re.escape(next(chars, "\\")))
-        elif ch == "%":
-            parts.append(".*")
-        elif ch == "_":
-            parts.append(".")
+        if ch in "%_":
+            if literal:
+                tokens.append("".join(literal))
+                literal = []
+            tokens.append(ch)
         else:
-            parts.append(re.escape(ch))
-    return re.compile("".join(parts), re.DOTALL)
+            # A backslash makes the next character literal; a trailing one stands for itself
+            # (such a pattern is refused on reading: GoogleSQL refuses it too).
+            literal.append(next(chars, "\\") if ch == "\\" else ch)
+    if literal:
+        tokens.append("".join(literal))
+    return tokens
+
+
+def dangling_escape(pattern: str) -> bool:
+    """True when the pattern ends with an unescaped backslash, which GoogleSQL's LIKE refuses
+    ("LIKE pattern ends with a backslash": google/zetasql, zetasql/public/functions/like.cc)."""
+    trailing = len(pattern) - len(pattern.rstrip("\\"))
+    return trailing % 2 == 1
+
+
+_WILDCARD_REGEX = {"%": ".*", "_": "."}
+
+
+@lru_cache(maxsize=1 << 16)
+def _like_regex(pattern: str) -> re.Pattern[str]:
+    parts = [_WILDCARD_REGEX.get(t) if t in _WILDCARD_REGEX else re.escape(t) for t in _tokens(pattern)]
+    return re.compile("".join(p for p in parts if p is not None), re.DOTALL)
 
 
 def like(pattern: str, text: str) -> bool:
@@ -200,10 +361,24 @@ def _row_cluster(row: OverrideRow) -> str | None:
     return None if row.cluster is None else (row.cluster or UNKNOWN_CLUSTER)
 
 
+def _readable_pattern(row: OverrideRow) -> bool:
+    return isinstance(row.run_pattern, str) and not dangling_escape(row.run_pattern)
+
+
 def matches(row: OverrideRow, cluster: str, run: str) -> bool:
-    """True when the row names the run: its pattern over run_id, its cluster or any."""
+    """True when the row names the run: its pattern over run_id, its cluster or any.
+
+    A row whose pattern cannot be read could name any run.
+    """
     row_cluster = _row_cluster(row)
-    return (row_cluster is None or row_cluster == cluster) and like(row.run_pattern, run)
+    if row_cluster is not None and row_cluster != cluster:
+        return False
+    return like(row.run_pattern, run) if _readable_pattern(row) else True
+
+
+def _counts_at(row: OverrideRow, now: datetime) -> bool:
+    # A row whose created_at cannot be read may be in force already.
+    return row.created_at is None or row.created_at <= now
 
 
 def _precedence(row: OverrideRow) -> tuple[Any, ...]:
@@ -212,21 +387,43 @@ def _precedence(row: OverrideRow) -> tuple[Any, ...]:
     return (_row_cluster(row) is not None, row.created_at, repr(row.values()))
 
 
-def _accepted(base: Thresholds, column: str, value: Any) -> bool:
-    """True when the value would make valid thresholds: a bad hand-written row must not stop a tick."""
-    if column not in THRESHOLD_COLUMNS:
-        return True
+def row_problem(row: OverrideRow, base: Thresholds) -> str | None:
+    """Why the row cannot be used with the settings' thresholds `base`, or None.
+
+    Besides what reading found, a threshold the settings would refuse (a negative
+    sigma, a stall longer than the baseline) makes the row unusable.
+    """
+    if row.problem:
+        return row.problem
+    if not _readable_pattern(row):
+        return "run_pattern is NULL" if row.run_pattern is None else "run_pattern is not a usable LIKE pattern"
     merged = {f.name: getattr(base, f.name) for f in dataclasses.fields(Thresholds)}
-    merged[column] = value
-    return not threshold_problems(SimpleNamespace(**merged))
-
-
-def _newest(ranked: Sequence[OverrideRow], column: str, base: Thresholds) -> Any:
-    for row in ranked:
+    refused = []
+    for column in THRESHOLD_COLUMNS:
         value = getattr(row, column)
-        if value is not None and _accepted(base, column, value):
-            return value
-    return None
+        if value is not None and threshold_problems(SimpleNamespace(**{**merged, column: value})):
+            refused.append(f"{column}={value!r} is refused by the settings")
+    return "; ".join(refused) or None
+
+
+def _policy(candidates: Sequence[OverrideRow], now: datetime, base: Thresholds, problem: Any) -> RunPolicy:
+    """The policy of one run from the rows that match it and count at `now`.
+
+    Per column the value comes from the highest-ranked usable row that sets it
+    (see `_precedence`). Any unusable row among them lifts every silence: a
+    broken `--clear` must not leave an earlier silence in force.
+    """
+    usable = [r for r in candidates if not problem(r)]
+    ranked = sorted(usable, key=_precedence, reverse=True)
+    found = {
+        column: next((getattr(r, column) for r in ranked if getattr(r, column) is not None), None)
+        for column in RESOLVED_COLUMNS
+    }
+    tuned = {c: found[c] for c in THRESHOLD_COLUMNS if found[c] is not None}
+    thresholds = dataclasses.replace(base, **tuned) if tuned else base
+    until = found["silenced_until"]
+    silenced = (until is not None and until > now) or found["finished"] is True
+    return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"])
 
 
 def resolve(
@@ -240,23 +437,62 @@ def resolve(
     """The overrides in force for one row of a run at `now`: its thresholds, silence and note.
 
     `scope` is the row: LOSS_SCOPE for the loss row, a check's reason for its row; rows
-    naming that scope or none (the whole run) count, and compete by rank alone. Per
-    column, the value comes from the highest-ranked matching row with created_at <= now
-    that sets it (see `_precedence`). A threshold value the settings would refuse is
-    skipped as if NULL.
+    naming that scope or none (the whole run) count, and compete by rank alone. Among
+    the rows with created_at <= now that match the run, per column the newest usable row
+    that sets it wins, a row for the run's own cluster first.
     """
-    ranked = sorted(
-        (r for r in rows if r.created_at <= now and r.reason in (None, scope) and matches(r, cluster, run)),
-        key=_precedence,
-        reverse=True,
-    )
-    if not ranked:
+    candidates = [r for r in rows if _counts_at(r, now) and r.reason in (None, scope) and matches(r, cluster, run)]
+    if not candidates:
         return RunPolicy(base)
-    found = {column: _newest(ranked, column, base) for column in RESOLVED_COLUMNS}
-    thresholds = dataclasses.replace(base, **{c: found[c] for c in THRESHOLD_COLUMNS if found[c] is not None})
-    until = found["silenced_until"]
-    silenced = (until is not None and until > now) or found["finished"] is True
-    return RunPolicy(thresholds, silenced, found["note"])
+    return _policy(candidates, now, base, lambda r: row_problem(r, base))
+
+
+class PatternIndex:
+    """The distinct run patterns of many rows, indexed so that a run is tried against few.
+
+    A pattern without wildcards is looked up whole; any other is filed under a
+    literal part every match must contain (its prefix, else its suffix, else its
+    longest inner literal) and tried only on runs that contain that part, so the
+    cost per run grows with the run ID's length, not with the number of patterns.
+    """
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self.exact: dict[str, list[str]] = {}
+        self.prefix: dict[str, list[str]] = {}
+        self.suffix: dict[str, list[str]] = {}
+        self.inner: dict[str, list[str]] = {}
+        self.anywhere: list[str] = []
+        for pattern in set(patterns):
+            tokens = _tokens(pattern)
+            literals = [t for t in tokens if t not in _WILDCARD_REGEX]
+            if len(literals) == len(tokens):
+                self.exact.setdefault("".join(literals), []).append(pattern)
+            elif tokens[0] not in _WILDCARD_REGEX:
+                self.prefix.setdefault(tokens[0], []).append(pattern)
+            elif tokens[-1] not in _WILDCARD_REGEX:
+                self.suffix.setdefault(tokens[-1], []).append(pattern)
+            elif literals:
+                self.inner.setdefault(max(literals, key=len), []).append(pattern)
+            else:
+                self.anywhere.append(pattern)
+        self._lengths = {name: sorted({len(k) for k in getattr(self, name)}) for name in ("prefix", "suffix", "inner")}
+
+    def matching(self, run: str) -> set[str]:
+        """The indexed patterns that match `run`."""
+        found = set(self.exact.get(run, ()))
+        candidates = list(self.anywhere)
+        size = len(run)
+        for length in self._lengths["prefix"]:
+            if length <= size:
+                candidates += self.prefix.get(run[:length], ())
+        for length in self._lengths["suffix"]:
+            if length <= size:
+                candidates += self.suffix.get(run[size - length :], ())
+        for length in self._lengths["inner"]:
+            for start in range(size - length + 1):
+                candidates += self.inner.get(run[start : start + length], ())
+        found.update(p for p in set(candidates) if like(p, run))
+        return found
 
 
 def run_policies(
@@ -267,15 +503,63 @@ def run_policies(
     scope: str = LOSS_SCOPE,
 ) -> dict[tuple[str, str], RunPolicy]:
     """`resolve` for every (cluster, run) that some row matches; the others keep `base`."""
+    counted = [r for r in rows if _counts_at(r, now) and r.reason in (None, scope)]
+    by_pattern: dict[str, list[OverrideRow]] = {}
+    unreadable: list[OverrideRow] = []
+    for row in counted:
+        if _readable_pattern(row):
+            by_pattern.setdefault(row.run_pattern, []).append(row)
+        else:
+            unreadable.append(row)
+    index = PatternIndex(by_pattern)
+    problems: dict[int, str | None] = {}
+
+    def problem(row: OverrideRow) -> str | None:
+        if id(row) not in problems:
+            problems[id(row)] = row_problem(row, base)
+        return problems[id(row)]
+
     policies = {}
     for cluster, run in runs:
-        if any(matches(r, cluster, run) for r in rows):
-            policies[(cluster, run)] = resolve(rows, cluster, run, now, base, scope)
+        named = [r for p in index.matching(run) for r in by_pattern[p]] + unreadable
+        candidates = [r for r in named if _row_cluster(r) in (None, cluster)]
+        if candidates:
+            policies[(cluster, run)] = _policy(candidates, now, base, problem)
     return policies
 
 
+def unusable_rows(rows: Iterable[OverrideRow], now: datetime, base: Thresholds) -> list[tuple[OverrideRow, str]]:
+    """The rows that count at `now` but cannot be used, each with why, newest first."""
+    found = [(r, row_problem(r, base)) for r in rows if _counts_at(r, now)]
+    broken = [(r, p) for r, p in found if p]
+    epoch = datetime.min.replace(tzinfo=UTC)
+    return sorted(broken, key=lambda pair: pair[0].created_at or epoch, reverse=True)
+
+
+def describe_unusable(row: OverrideRow, problem: str) -> str:
+    """One unusable row named by what a person can find it by, and why it is unusable."""
+    from lossspike.times import format_rfc3339
+
+    created = "unreadable" if row.created_at is None else format_rfc3339(row.created_at)
+    cluster = "any" if row.cluster is None else repr(row.cluster)
+    return (
+        f"row run_pattern={row.run_pattern!r} cluster={cluster} created_at={created}"
+        f" created_by={row.created_by!r}: {problem}"
+    )
+
+
+def unusable_summary(found: Sequence[tuple[OverrideRow, str]], table: str) -> str:
+    """One line reporting the unusable rows: the first few named, the rest counted."""
+    named = "; ".join(describe_unusable(r, p) for r, p in islice(found, MAX_ROWS_NAMED))
+    more = f"; and {len(found) - MAX_ROWS_NAMED} more" if len(found) > MAX_ROWS_NAMED else ""
+    return (
+        f"{len(found)} unusable override row(s) in {table}: the runs they could match are judged with no"
+        f" silence in force until they are fixed (lossspike overrides lists them): {named}{more}"
+    )
+
+
 def in_force(rows: Iterable[OverrideRow], now: datetime) -> list[OverrideRow]:
-    """The rows still setting something at `now`, newest first.
+    """The usable rows still setting something at `now`, newest first.
 
     Judged per (run_pattern, cluster, reason): a row is in force when it is the newest
     of its kind to set a threshold, an unexpired silence or `finished = true`.
@@ -283,7 +567,7 @@ def in_force(rows: Iterable[OverrideRow], now: datetime) -> list[OverrideRow]:
     """
     groups: dict[tuple[str, str | None, str | None], list[OverrideRow]] = {}
     for row in rows:
-        if row.created_at <= now:
+        if row.problem is None and row.created_at <= now:
             groups.setdefault((row.run_pattern, _row_cluster(row), row.reason), []).append(row)
     kept: list[OverrideRow] = []
     for group in groups.values():
@@ -345,22 +629,48 @@ def bigquery_parameters(values: dict[str, Any]) -> list[Any]:
     return [bigquery.ScalarQueryParameter(name, kinds[name], value) for name, value in values.items()]
 
 
-def table_exists_duckdb(connection: Any, table: str) -> bool:
-    """True when the DuckDB table exists; a missing overrides table means no overrides."""
+def duckdb_columns(connection: Any, table: str) -> dict[str, str]:
+    """The DuckDB table's column names and types; empty when it does not exist (no overrides)."""
     schema, _, name = validate_table(table).rpartition(".")
     found = connection.execute(
-        "SELECT count(*) FROM information_schema.tables"
+        "SELECT column_name, data_type FROM information_schema.columns"
         " WHERE table_name = $name AND ($schema = '' OR table_schema = $schema)",
         {"name": name, "schema": schema},
     ).fetchall()
-    return bool(found[0][0])
+    return dict(found)
+
+
+def read_duckdb(connection: Any, table: str) -> list[OverrideRow]:
+    """Every row of the DuckDB overrides table (none without the table), unusable ones marked."""
+    from lossspike.sql import DUCKDB
+
+    stored = duckdb_columns(connection, table)
+    if not stored:
+        return []
+    sql, problems = overrides_select(DUCKDB, table, stored)
+    return rows_from_arrow(connection.sql(sql).to_arrow_table(), problems)
 
 
 def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
-    """Insert one row, creating the table on first use."""
-    from lossspike.sql import DUCKDB
+    """Insert one row, creating the table on first use and adding columns an older table lacks.
 
-    connection.execute(overrides_table_ddl(quote_table(DUCKDB, table)))
+    A table whose columns have the wrong types is refused: a row written there
+    could not be read back as written.
+    """
+    from lossspike.sql import DUCKDB
+    from lossspike.store import StoreError
+
+    quoted = quote_table(DUCKDB, table)
+    connection.execute(overrides_table_ddl(quoted))
+    stored = duckdb_columns(connection, table)
+    for column in OVERRIDES_SCHEMA:
+        if column["name"] not in stored and column["mode"] == "NULLABLE":
+            kind = _DUCKDB_TYPES[column["type"]]
+            connection.execute(f'ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS "{column["name"]}" {kind}')
+            stored[column["name"]] = kind
+    _, problems = overrides_select(DUCKDB, table, stored)
+    if problems:
+        raise StoreError(f"cannot write to {table}: {'; '.join(problems.values())}")
     connection.execute(insert_sql(DUCKDB, table), row.values())
 
 

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from lossspike.checks import CHECK_REASONS
+from lossspike.overrides import dangling_escape
 from lossspike.rule import ATTEMPTS, DETECTORS, REFERENCES, Thresholds, threshold_problems
-from lossspike.sql import CHECK_METRICS, Selection, validate_table
+from lossspike.sql import CHECK_METRICS, Selection, literal, validate_table
 
 ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")
@@ -70,6 +71,14 @@ def _text(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
     return value.strip()
+
+
+def _run_pattern(value: str) -> str:
+    pattern = _text(value)
+    if dangling_escape(pattern):
+        # GoogleSQL refuses it ("LIKE pattern ends with a backslash"), DuckDB too.
+        raise ValueError("ends with a backslash that escapes nothing (write \\\\ for a literal backslash)")
+    return pattern
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
@@ -209,7 +218,7 @@ OPTIONS = (
     Option("monitoring", _bool, "Write Cloud Monitoring series (default: on with bigquery)."),
     Option("service", _text, "Telemetry service whose samples count."),
     Option("metric", _text, "Metric name of the loss."),
-    Option("run_pattern", _text, "SQL LIKE pattern of watched run IDs."),
+    Option("run_pattern", _run_pattern, "SQL LIKE pattern of watched run IDs (\\ escapes % and _)."),
     Option("run_ids", _list, "Comma-separated run IDs to watch instead of the pattern."),
     Option("execution_uids", _list, "Comma-separated attempts narrowing both windows."),
     Option("baseline_minutes", _window_minutes, "Baseline window length."),
@@ -307,6 +316,14 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
             if getattr(settings, key) and getattr(settings, key).count(".") != 2:
                 option = OPTIONS_BY_KEY[key]
                 raise ConfigError(f"{option.env}: the bigquery backend needs project.dataset.table")
+    if settings.rollup_table:
+        # The rollup view's definition holds these as literals (a view takes no parameters).
+        keys = ("service", "metric") + (() if settings.selection.run_ids else ("run_pattern",))
+        for key in keys:
+            try:
+                literal(getattr(settings.selection, key), key.replace("_", " "))
+            except ValueError as error:
+                raise ConfigError(f"{sources.get(key, OPTIONS_BY_KEY[key].env)}: {error}") from None
     return settings
 
 

@@ -174,7 +174,11 @@ def watched_runs(dialect: Dialect, selection: Selection, params: dict[str, objec
         params["run_ids"] = list(selection.run_ids)
         return dialect.in_list.format("run_id", dialect.param.format("run_ids"))
     params["run_pattern"] = selection.run_pattern
-    return f"run_id LIKE {dialect.param.format('run_pattern')}"
+    # SPEC: `\` escapes % and _. GoogleSQL's LIKE escapes with it by default; DuckDB's LIKE
+    # has no escape character unless an ESCAPE clause names one
+    # (https://motherduck.com/glossary/like-operator/, "Escaping wildcards").
+    escape = " ESCAPE '\\'" if dialect.name == "duckdb" else ""
+    return f"run_id LIKE {dialect.param.format('run_pattern')}{escape}"
 
 
 def samples_cte(
@@ -778,11 +782,14 @@ def rollup_view_template() -> str:
 OTHER_ROWS = "other_rows"
 
 
-def with_rows_of(main_sql: str, main_types: dict[str, str], table: str, table_types: dict[str, str]) -> str:
+def with_rows_of(
+    main_sql: str, main_types: dict[str, str], table: str, table_types: dict[str, str], source: str = ""
+) -> str:
     """`main_sql`'s rows and every row of `table` in one result (BigQuery): a script job returns
     only its last statement's rows, so a tick reads its overrides in the same statement.
 
     The table's columns come back prefixed `other_`; OTHER_ROWS is true on its rows.
+    `source`, a SELECT over the table yielding `table_types`, replaces reading it as it is.
     """
 
     def nulls(types: dict[str, str], prefix: str = "") -> list[str]:
@@ -792,5 +799,5 @@ def with_rows_of(main_sql: str, main_types: dict[str, str], table: str, table_ty
     theirs = [*nulls(main_types), *(f"{name} AS other_{name}" for name in table_types), f"TRUE AS {OTHER_ROWS}"]
     return (
         f"SELECT {', '.join(mine)}\nFROM (\n{main_sql}\n)\nUNION ALL\n"
-        f"SELECT {', '.join(theirs)}\nFROM {quote_table(BIGQUERY, table)}"
+        f"SELECT {', '.join(theirs)}\nFROM {f'({source})' if source else quote_table(BIGQUERY, table)}"
     )

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from lossspike.checks import CHECK_REASONS
 from lossspike.deadline import Deadline
-from lossspike.evaluate import evaluate
+from lossspike.evaluate import evaluate_tick
 from lossspike.render import jsonable
 from lossspike.rule import REASONS, is_fleet_row
 from lossspike.settings import Settings
@@ -44,10 +44,13 @@ class TickResult:
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
     query: dict[str, Any] = field(default_factory=dict)
+    # Override rows the evaluation could not use: every row is still judged and written
+    # (their runs with no silence in force), but the tick fails until they are fixed.
+    unusable_overrides: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.error is None and all(s.get("ok") for s in self.sinks.values())
+        return self.error is None and self.unusable_overrides is None and all(s.get("ok") for s in self.sinks.values())
 
     @property
     def runs_watched(self) -> int:
@@ -71,6 +74,8 @@ class TickResult:
         }
         if self.error:
             body["error"] = self.error
+        elif self.unusable_overrides:
+            body["error"] = self.unusable_overrides
         return body
 
     def log_entry(self) -> dict[str, Any]:
@@ -82,6 +87,10 @@ class TickResult:
             message = "lossspike tick failed to write (evaluation incomplete): " + "; ".join(
                 f"{n}: {self.sinks[n].get('error', 'failed')}" for n in failed
             )
+            if self.unusable_overrides:
+                message += f"; and {self.unusable_overrides}"
+        elif self.unusable_overrides:
+            message = f"lossspike tick failed: {self.unusable_overrides}"
         else:
             message = f"lossspike tick: {self.runs_watched} runs watched, " + ", ".join(
                 f"{n} {reason}" for reason, n in self.counts().items() if n
@@ -122,7 +131,7 @@ def run_tick(
     result = TickResult(now)
     started = time.perf_counter()
     try:
-        result.rows = evaluate(store, settings, now, deadline=deadline)
+        result.rows, result.unusable_overrides = evaluate_tick(store, settings, now, deadline=deadline)
     except Exception as error:  # noqa: BLE001 - any cause fails the tick, and the log names it
         result.error = _cause(error)
     result.query = store.last_cost()

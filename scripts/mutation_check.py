@@ -32,6 +32,10 @@ HYPOTHESIS_SEED = "12"
 SKIP = {".git", ".venv", ".tools", ".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__", "lossspike.egg-info"}
 
 PROPERTIES = ["tests/test_properties.py"]
+HOSTILE_UNUSABLE = "tests/test_hostile.py::test_an_unusable_override_row_pages_every_run_it_could_match_and_says_so"
+HOSTILE_ARGUMENTS = "tests/test_hostile.py::test_arguments_out_of_range_are_usage_errors_naming_the_range"
+INDEXED = "tests/test_overrides.py::test_indexed_matching_equals_trying_every_pattern"
+ROLLUP_CLOUD = "tests/test_rollup_cloud.py"
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,146 @@ MUTANTS = [
         "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned)",
         "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, False)",
         ["tests/test_cost.py"],
+    ),
+    # --- issue 17: override rows written wrong, arguments, messages ---
+    Mutant(
+        "issue 17: an unusable row keeps the silences of the runs it could match",
+        "lossspike/overrides.py",
+        'return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"])',
+        'return RunPolicy(thresholds, silenced, found["note"])',
+        [
+            "tests/test_overrides.py::test_an_unusable_row_lifts_every_silence_of_the_runs_it_could_match",
+            f"{HOSTILE_UNUSABLE}[infinity]",
+        ],
+    ),
+    Mutant(
+        "issue 17: a refused threshold does not make its row unusable",
+        "lossspike/overrides.py",
+        "if value is not None and threshold_problems(",
+        "if False and threshold_problems(",
+        ["tests/test_overrides.py::test_invalid_hand_written_threshold_is_reported_and_its_silences_lifted"],
+    ),
+    Mutant(
+        "issue 17: a pattern ending in a lone backslash counts as usable",
+        "lossspike/overrides.py",
+        "    return trailing % 2 == 1",
+        "    return False",
+        [f"{HOSTILE_UNUSABLE}[pattern ending in a lone backslash]"],
+    ),
+    Mutant(
+        "issue 17: the pattern index misses suffix-anchored patterns",
+        "lossspike/overrides.py",
+        "candidates += self.suffix.get(run[size - length :], ())",
+        "candidates += self.suffix.get(run[size - length + 1 :], ())",
+        [INDEXED],
+    ),
+    Mutant(
+        "issue 17: the pattern index misses an inner literal at the end of a run",
+        "lossspike/overrides.py",
+        "            for start in range(size - length + 1):",
+        "            for start in range(size - length):",
+        [INDEXED],
+    ),
+    Mutant(
+        "issue 17: DuckDB times out of range are read as they are",
+        "lossspike/overrides.py",
+        'if kind == "TIMESTAMP" and dialect.name == "duckdb":',
+        "if False:",
+        [f"{HOSTILE_UNUSABLE}[infinity]", f"{HOSTILE_UNUSABLE}[before year 1]"],
+    ),
+    Mutant(
+        "issue 17: a column of the wrong type is read as it is",
+        "lossspike/overrides.py",
+        "    if stored.strip().upper() not in accepted:",
+        "    if False:",
+        [
+            f"{HOSTILE_UNUSABLE}[time stored as text]",
+            "tests/test_rollup_cloud.py::test_an_overrides_table_of_the_wrong_types_pages_and_fails_the_tick",
+        ],
+    ),
+    Mutant(
+        "issue 17: a write to an older overrides table does not add the missing column",
+        "lossspike/overrides.py",
+        'if column["name"] not in stored and column["mode"] == "NULLABLE":',
+        "if False:",
+        ["tests/test_hostile.py::test_an_overrides_table_missing_a_column"],
+    ),
+    Mutant(
+        "issue 17: the raw BigQuery read caches only the rows written by now",
+        "lossspike/bigquery_store.py",
+        "overrides = self._cache_overrides(self._read_override_rows(stored, deadline))",
+        "overrides = self._cache_overrides(self.read_overrides(now, deadline))",
+        [f"{ROLLUP_CLOUD}::test_a_row_written_after_a_ticks_time_but_before_its_read_counts_from_the_next_tick"],
+    ),
+    Mutant(
+        "issue 17: a job that never finishes fails with a bare TimeoutError",
+        "lossspike/bigquery_store.py",
+        "        except TimeoutError as error:",
+        "        except ZeroDivisionError as error:",
+        [f"{ROLLUP_CLOUD}::test_a_read_started_with_a_nearly_spent_deadline_ends_in_time_and_says_why"],
+    ),
+    Mutant(
+        "issue 17: missing credentials are an unexpected error",
+        "lossspike/bigquery_store.py",
+        'raise StoreError(f"cannot open BigQuery: {_one_line(error)}") from None',
+        "raise",
+        ["tests/test_hostile.py::test_every_bigquery_command_without_credentials_says_so_in_one_line"],
+    ),
+    Mutant(
+        "issue 17: DuckDB's LIKE without an escape character",
+        "lossspike/sql.py",
+        "\" ESCAPE '\\\\'\" if dialect.name",
+        '"" if dialect.name',
+        ["tests/test_hostile.py::test_a_backslash_in_the_run_pattern_escapes_the_underscore"],
+    ),
+    Mutant(
+        "issue 17: the tick counts as ok with unusable override rows",
+        "lossspike/tick.py",
+        "and self.unusable_overrides is None",
+        "and True",
+        ["tests/test_hostile.py::test_the_function_writes_every_verdict_and_answers_500_for_an_unusable_row"],
+    ),
+    Mutant(
+        "issue 17: evaluate exits 0 with unusable override rows",
+        "lossspike/cli.py",
+        'sys.stderr.write(f"lossspike: error: {terminal_safe(unusable)}\\n")\n        return 1',
+        'sys.stderr.write(f"lossspike: error: {terminal_safe(unusable)}\\n")\n        return 0',
+        [f"{HOSTILE_UNUSABLE}[infinity]"],
+    ),
+    Mutant(
+        "issue 17: a silence may end after year 9999",
+        "lossspike/cli.py",
+        "    if int(number) > room:",
+        "    if False:",
+        [f"{HOSTILE_ARGUMENTS}[args0---for '99999999999d': must be at most]"],
+    ),
+    Mutant(
+        "issue 17: more runs may page than are watched",
+        "lossspike/cost.py",
+        '"paging_runs": self.runs}',
+        '"paging_runs": math.inf}',
+        [f"{HOSTILE_ARGUMENTS}[args6---paging-runs must be a finite number from 0 to 10]"],
+    ),
+    Mutant(
+        "issue 17: the overrides listing prints notes raw",
+        "lossspike/cli.py",
+        'sys.stdout.write("".join(terminal_safe(line) + "\\n" for line in out))',
+        'sys.stdout.write("".join(line + "\\n" for line in out))',
+        ["tests/test_hostile.py::test_notes_and_clusters_cannot_rewrite_the_terminal"],
+    ),
+    Mutant(
+        "issue 17: an SQLite file is handed to DuckDB",
+        "lossspike/duckdb_store.py",
+        "if not self._in_memory and _is_sqlite(self.path):",
+        "if False:",
+        ["tests/test_hostile.py::test_an_sqlite_file_is_named_as_such"],
+    ),
+    Mutant(
+        "issue 17: a locked file gets no advice",
+        "lossspike/cli.py",
+        'if "lock" not in str(error).lower():',
+        "if True:",
+        ["tests/test_hostile.py::test_a_silence_while_the_local_function_holds_the_file_says_what_to_do"],
     ),
 ]
 

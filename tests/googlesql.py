@@ -22,7 +22,8 @@ from lossspike.sql import BIGQUERY, Query
 # GoogleSQL function names, from "All functions" of the GoogleSQL for BigQuery reference
 # (https://cloud.google.com/bigquery/docs/reference/standard-sql/functions-all) and its
 # mathematical-functions page, plus ROW_NUMBER from its numbering functions
-# (https://cloud.google.com/bigquery/docs/reference/standard-sql/numbering_functions). Only names, not signatures: a subset wide enough for what a
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/numbering_functions).
+# Only names, not signatures: a subset wide enough for what a
 # tick, a backtest, a write or a rollup plausibly calls; add a name when a statement needs it
 # (after checking it on that page).
 GOOGLESQL_FUNCTIONS = frozenset(

@@ -18,7 +18,7 @@ from strategies import fleets, selections, thresholds
 from lossspike.bigquery_store import OVERRIDE_TYPES
 from lossspike.cost import actual_query
 from lossspike.evaluate import evaluate
-from lossspike.overrides import overrides_query
+from lossspike.overrides import OVERRIDES_SCHEMA, overrides_select
 from lossspike.rule import Thresholds
 from lossspike.schema import ALERT_COLUMNS
 from lossspike.sql import (
@@ -40,6 +40,11 @@ from lossspike.sql import (
 )
 
 TABLE = "my-project.telemetry.levanter"
+# The override table as Terraform makes it, and as a careless hand makes it: a time stored as
+# text, a number as text, and the newest column missing.
+TYPED = {c["name"]: c["type"] for c in OVERRIDES_SCHEMA}
+MISTYPED_OVERRIDES = {**TYPED, "silenced_until": "STRING", "sigma": "STRING"}
+del MISTYPED_OVERRIDES[OVERRIDES_SCHEMA[-2]["name"]]
 
 
 SELECTIONS = [
@@ -84,6 +89,7 @@ BIGQUERY_STATEMENTS: dict[str, Callable[[Selection], Query | str]] = {
         TICK_READ_TYPES,
         "my-project.lossspike.loss_spike_overrides",
         OVERRIDE_TYPES,
+        overrides_select(BIGQUERY, "my-project.lossspike.loss_spike_overrides", MISTYPED_OVERRIDES)[0],
     ),
     "backtest buckets": lambda sel: bucket_groups_query(
         BIGQUERY, sel, NOW - timedelta(hours=1), NOW, telemetry_table=TABLE
@@ -93,7 +99,10 @@ BIGQUERY_STATEMENTS: dict[str, Callable[[Selection], Query | str]] = {
     "write: replace": lambda sel: _script_part(write_script(ALERTS, ALERT_COLUMNS), r"THEN\n(.*?);\nELSE"),
     "write: insert": lambda sel: _script_part(write_script(ALERTS, ALERT_COLUMNS), r"ELSE\n(.*?);\nEND IF"),
     "write: more rows": lambda sel: append_sql(ALERTS, ALERT_COLUMNS),
-    "overrides read": lambda sel: overrides_query(BIGQUERY, "my-project.lossspike.loss_spike_overrides", NOW),
+    "overrides read": lambda sel: overrides_select(BIGQUERY, "my-project.lossspike.loss_spike_overrides", TYPED)[0],
+    "overrides read, columns mistyped or missing": lambda sel: overrides_select(
+        BIGQUERY, "my-project.lossspike.loss_spike_overrides", MISTYPED_OVERRIDES
+    )[0],
     "cost --actual": lambda sel: actual_query(NOW, "US"),
     "plot samples": _plot_samples,
 }

@@ -633,3 +633,290 @@ def test_the_function_server_answers_bad_requests_with_json(function_server):
         assert status == 400 and body["ok"] is False and needle in body["error"]
     status, body = server.tick()
     assert status == 200 and {r["run"]: r["reason"] for r in body["rows"]} == WANT
+
+
+# --- 10. Override rows a person wrote wrong fail toward paging, loudly (issue 17) ----------------
+
+# hero-up spikes; a well-formed row silenced it an hour ago, until an hour from now.
+SILENCE = {"run_pattern": "'hero-up'", "created_at": "TIMESTAMPTZ '2026-11-30 11:00:00+00'"}
+SILENCE_UNTIL = "TIMESTAMPTZ '2026-11-30 13:00:00+00'"
+
+
+def _overrides_db(path: Path, types: dict[str, str] | None = None, rows: list[dict[str, str]] = ()) -> Path:
+    """The fleet plus an overrides table made by hand: `types` replace the schema's DuckDB types
+    (no NOT NULL, as a careless CREATE TABLE leaves it), `rows` are SQL expressions per column."""
+    from lossspike.overrides import OVERRIDES_SCHEMA, overrides_table_ddl
+
+    write_database(path, fleet())
+    with duckdb.connect(str(path)) as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        if types is None:
+            connection.execute(overrides_table_ddl("loss_spike_overrides"))
+        else:
+            kinds = {"STRING": "VARCHAR", "FLOAT": "DOUBLE", "INTEGER": "BIGINT", "TIMESTAMP": "TIMESTAMPTZ"}
+            columns = {c["name"]: kinds.get(c["type"], c["type"]) for c in OVERRIDES_SCHEMA} | types
+            listed = ", ".join(f'"{name}" {kind}' for name, kind in columns.items() if kind)
+            connection.execute(f"CREATE TABLE loss_spike_overrides ({listed})")
+        missing = {name for name, kind in (types or {}).items() if not kind}
+        for row in [{**SILENCE, "silenced_until": SILENCE_UNTIL, "note": "'boundary'"}, *rows]:
+            row = {k: v for k, v in row.items() if k not in missing}
+            connection.execute(
+                f"INSERT INTO loss_spike_overrides ({', '.join(row)}) VALUES ({', '.join(row.values())})"
+            )
+    return path
+
+
+def _alerts(path: Path) -> dict[str, tuple]:
+    with duckdb.connect(str(path), read_only=True) as connection:
+        rows = connection.execute("SELECT run, reason, value, silenced FROM loss_spike_alerts").fetchall()
+    return {run: rest for run, *rest in rows}
+
+
+def test_a_well_formed_silence_is_kept(tmp_path):
+    db = _overrides_db(tmp_path / "ok.duckdb")
+    result = evaluate_json(db)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert _alerts(db)["hero-up"] == ["spiking", 0, True]
+
+
+LATER = "TIMESTAMPTZ '2026-11-30 11:30:00+00'"
+BROKEN_ROWS = {
+    # A table created without NOT NULL, and a row without a pattern: it could match any run.
+    "NULL run_pattern": ({}, {"run_pattern": "NULL", "created_at": LATER, "finished": "true"}, "run_pattern is NULL"),
+    # A --clear written by hand whose time cannot be read: skipping it must not keep the silence.
+    "infinity": (
+        None,
+        {"run_pattern": "'hero-up'", "created_at": LATER, "silenced_until": "'infinity'"},
+        "silenced_until is out of range",
+    ),
+    "before year 1": (
+        None,
+        {
+            "run_pattern": "'hero-%'",
+            "created_at": LATER,
+            "silenced_until": "TIMESTAMPTZ '0001-01-01 00:00:00+00' - INTERVAL 1 DAY",
+        },
+        "silenced_until is out of range",
+    ),
+    "time stored as text": (
+        {"silenced_until": "VARCHAR"},
+        {"run_pattern": "'hero-up'", "created_at": LATER, "silenced_until": "'2026-11-30 11:30:00+00'"},
+        "column 'silenced_until' is VARCHAR, not TIMESTAMP WITH TIME ZONE",
+    ),
+    "pattern ending in a lone backslash": (
+        None,
+        {"run_pattern": "'hero-up\\'", "created_at": LATER, "finished": "false"},
+        "run_pattern ends with a backslash that escapes nothing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_ROWS))
+def test_an_unusable_override_row_pages_every_run_it_could_match_and_says_so(tmp_path, case):
+    types, bad, needle = BROKEN_ROWS[case]
+    db = _overrides_db(tmp_path / "bad.duckdb", types, [{**bad, "created_by": "'alice'"}])
+    result = evaluate_json(db)
+    # Every verdict is printed and written; hero-up pages as if no silence were in force.
+    assert result.returncode == 1
+    assert verdicts(result.stdout) == WANT
+    assert {r["run"]: (r["value"], r["silenced"]) for r in json.loads(result.stdout)}["hero-up"] == (1, False)
+    assert _alerts(db) == {
+        "hero-up": ["spiking", 1, False],
+        "hero-flat": ["healthy", 0, False],
+        "hero-nan": ["not_finite", 1, False],
+    }
+    line = one_line_error(result, 1)
+    assert "unusable override row(s) in loss_spike_overrides" in line and needle in line, line
+    assert "created_by='alice'" in line and "created_at=2026-11-30T11:30:00Z" in line, line
+    # The listing shows the row as unusable, the first thing a person sees.
+    listing = lossspike("overrides", "--database", str(db), "--now", NOW_TEXT)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.startswith("unusable override rows at") and needle in listing.stdout
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_an_overrides_table_with_zone_less_times_pages_in_every_time_zone(tmp_path, zone):
+    # The same table read in two zones would disagree about when a silence ends: it is unusable.
+    types = {"silenced_until": "TIMESTAMP", "created_at": "TIMESTAMP"}
+    db = _overrides_db(tmp_path / "naive.duckdb", types, [{**SILENCE, "silenced_until": "'2026-11-30 16:30:00'"}])
+    result = evaluate_json(db, env=_env(TZ=zone))
+    assert result.returncode == 1 and verdicts(result.stdout) == WANT
+    assert _alerts(db)["hero-up"] == ["spiking", 1, False]
+    line = one_line_error(result, 1)
+    assert "column 'silenced_until' is TIMESTAMP, not TIMESTAMP WITH TIME ZONE" in line, line
+    assert "ALTER TABLE loss_spike_overrides ALTER silenced_until SET DATA TYPE TIMESTAMPTZ" in line, line
+
+
+def test_the_function_writes_every_verdict_and_answers_500_for_an_unusable_row(tmp_path, monkeypatch, capsys):
+    bad = {"run_pattern": "'hero-up'", "created_at": LATER, "silenced_until": "'infinity'"}
+    db = _overrides_db(tmp_path / "fn.duckdb", None, [bad])
+    monkeypatch.setenv("LOSSSPIKE_BACKEND", "duckdb")
+    monkeypatch.setenv("LOSSSPIKE_DATABASE", str(db))
+    response = _function_client().post("/", headers=HEADER)
+    _close_function()
+    assert response.status_code == 500 and response.json["ok"] is False
+    assert {r["run"]: r["reason"] for r in response.json["rows"]} == WANT
+    assert response.json["sinks"]["alerts_table"] == {"ok": True, "rows": 3}
+    assert "silenced_until is out of range" in response.json["error"]
+    assert _alerts(db)["hero-up"] == ["spiking", 1, False]
+    [entry] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "lossspike tick" in x]
+    assert entry["severity"] == "ERROR" and "unusable override row" in entry["message"]
+    assert "run_pattern='hero-up'" in entry["message"]
+
+
+def test_an_overrides_table_missing_a_column(tmp_path):
+    # An older table without a nullable column reads it as NULL; a write adds the column.
+    db = _overrides_db(tmp_path / "old.duckdb", {"stall_minutes": ""})
+    assert evaluate_json(db).returncode == 0 and _alerts(db)["hero-up"] == ["spiking", 0, True]
+    wrote = lossspike(
+        "override", "hero-flat", "--stall-minutes", "30", "--note", "x", "--database", str(db), "--now", NOW_TEXT
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    # Without the pattern column the table names itself, not the telemetry.
+    db = _overrides_db(tmp_path / "nopattern.duckdb", {"run_pattern": ""}, [])
+    line = one_line_error(evaluate_json(db, "--no-write"), 1)
+    assert "in loss_spike_overrides" in line and "column 'run_pattern' is missing" in line, line
+    assert "telemetry" not in line
+
+
+# --- 11. A backslash in the run pattern escapes, on every path --------------------------------
+
+
+def _underscored(path: Path) -> Path:
+    samples = []
+    for run in ("hero_x", "heroAx"):
+        samples += [Sample(NOW - timedelta(minutes=50) + timedelta(minutes=i), 2.0, run) for i in range(40)]
+        samples += [Sample(NOW - timedelta(seconds=20 * (i + 1)), 2.0, run) for i in range(10)]
+    return write_database(path, samples)
+
+
+def test_a_backslash_in_the_run_pattern_escapes_the_underscore(tmp_path):
+    db = _underscored(tmp_path / "u.duckdb")
+    result = evaluate_json(db, "--no-write", "--run-pattern", "hero\\_%")
+    assert result.returncode == 0, result.stderr
+    assert verdicts(result.stdout) == {"hero_x": "healthy"}
+    backtested = lossspike(
+        "backtest",
+        "--database",
+        str(db),
+        "--start",
+        NOW_TEXT,
+        "--end",
+        NOW_TEXT,
+        "--format",
+        "json",
+        "--run-pattern",
+        "hero\\_%",
+    )
+    assert backtested.returncode == 0, backtested.stderr
+    [variant] = json.loads(backtested.stdout)["variants"]
+    assert [r["run"] for r in variant["runs"]] == ["hero_x"]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (("--run-pattern", "hero\\"), {}, "ends with a backslash that escapes nothing"),
+        (
+            (),
+            {"LOSSSPIKE_ROLLUP_TABLE": "p.d.minutes", "LOSSSPIKE_RUN_PATTERN": "hero\\_%"},
+            "cannot be written into the rollup's definition",
+        ),
+    ],
+)
+def test_a_run_pattern_a_path_cannot_take_is_refused_at_start(tmp_path, args, env, needle):
+    db = _underscored(tmp_path / "u.duckdb")
+    line = one_line_error(evaluate_json(db, "--no-write", *args, env=_env(**env)), 2)
+    assert needle in line and "RUN_PATTERN" in line.upper().replace("-", "_"), line
+
+
+# --- 12. Arguments out of range, credentials, terminals, files --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("silence", "hero-up", "--for", "99999999999d", "--note", "x"), "--for '99999999999d': must be at most"),
+        (("silence", "hero-up", "--for", "3000000d", "--note", "x"), "--for '3000000d': must be at most"),
+        (("silence", "hero-up", "--for", "²m", "--note", "x"), "--for '²m': expected a positive whole number"),
+        (
+            ("override", "hero-up", "--min-baseline-samples", "99999999999999999999999", "--note", "x"),
+            "--min-baseline-samples='99999999999999999999999': must be at most 9223372036854775807",
+        ),
+        (("cost", "--row-bytes", "1e308"), "--row-bytes must be a finite number from 0 to 100000000"),
+        (("cost", "--hz", "1e300"), "--hz must be a finite number from 0 to 1000"),
+        (("cost", "--runs", "10", "--paging-runs", "11"), "--paging-runs must be a finite number from 0 to 10"),
+    ],
+)
+def test_arguments_out_of_range_are_usage_errors_naming_the_range(tmp_path, args, needle):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    where = ("--database", str(db), "--now", NOW_TEXT) if args[0] != "cost" else ()
+    line = one_line_error(lossspike(*args, *where), 2)
+    assert line.startswith("lossspike: configuration error:") and needle in line, line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("backtest", "--start", "2026-11-30T11:00:00Z", "--end", NOW_TEXT),
+        ("plot", "hero-up", "-o", "out.png", "--start", "2026-11-30T11:00:00Z", "--end", NOW_TEXT),
+        ("cost", "--actual"),
+        ("silence", "hero-up", "--for", "1h", "--note", "x"),
+        ("overrides",),
+    ],
+)
+def test_every_bigquery_command_without_credentials_says_so_in_one_line(tmp_path, args):
+    env = _env(
+        LOSSSPIKE_BACKEND="bigquery",
+        LOSSSPIKE_PROJECT="p",
+        LOSSSPIKE_TELEMETRY_TABLE="p.d.telemetry",
+        LOSSSPIKE_ALERTS_TABLE="p.d.loss_spike_alerts",
+        GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no-such-key.json"),
+    )
+    line = one_line_error(lossspike(*args, env=env, cwd=tmp_path), 1)
+    assert line.startswith("lossspike: error: cannot open BigQuery:") and "no-such-key.json" in line, line
+
+
+def test_notes_and_clusters_cannot_rewrite_the_terminal(tmp_path):
+    db = write_database(tmp_path / "t.duckdb", fleet())
+    note = "fine\x1b[2J\x1b[1A\rhero-up silenced by root\u202e"
+    wrote = lossspike(
+        "silence",
+        "hero-up",
+        "--cluster",
+        "c\x1b]0;x\x07",
+        "--for",
+        "1h",
+        "--note",
+        note,
+        "--database",
+        str(db),
+        "--now",
+        NOW_TEXT,
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    listing = lossspike("overrides", "--all", "--database", str(db), "--now", NOW_TEXT)
+    for out in (wrote.stdout, listing.stdout):
+        assert not any(ch in out for ch in ("\x1b", "\x07", "\r", "\u202e")), out
+        assert "fine\\x1b[2J" in out
+    as_json = json.loads(lossspike("overrides", "--format", "json", "--database", str(db), "--now", NOW_TEXT).stdout)
+    assert as_json[0]["note"] == note  # JSON keeps the data as it is
+
+
+def test_an_sqlite_file_is_named_as_such(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "metrics.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE telemetry (x)")
+    for args in (("evaluate", "--database", str(path)), ("overrides", "--database", str(path))):
+        line = one_line_error(lossspike(*args), 1)
+        assert "is an SQLite database, not a DuckDB file" in line, line
+
+
+def test_a_silence_while_the_local_function_holds_the_file_says_what_to_do(function_server):
+    server, db = function_server
+    assert server.tick()[0] == 200  # the function now holds the file open
+    result = lossspike("silence", "hero-up", "--for", "1h", "--note", "x", "--database", str(db), "--now", NOW_TEXT)
+    line = one_line_error(result, 1)
+    assert "lock" in line.lower() and "stop it" in line and "LOSSSPIKE_BACKEND=bigquery" in line, line

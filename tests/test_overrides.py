@@ -9,6 +9,7 @@ import uuid
 from datetime import timedelta
 
 import duckdb
+import pyarrow as pa
 import pytest
 from conftest import NOW, seed_settings, write_database
 from hypothesis import given, settings
@@ -18,7 +19,16 @@ from test_cli import NOW_TEXT, lossspike
 
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.overrides import OverrideRow, escape_like, in_force, like, resolve, run_policies
+from lossspike.overrides import (
+    OverrideRow,
+    escape_like,
+    in_force,
+    like,
+    resolve,
+    rows_from_arrow,
+    run_policies,
+    unusable_rows,
+)
 from lossspike.rule import Thresholds
 
 T = Thresholds()
@@ -85,10 +95,77 @@ def test_clear_ends_a_silence_and_unfinished_undoes_finished():
     assert not resolve([finished, unfinished], "c1", "hero-a", NOW, T).silenced
 
 
-def test_invalid_hand_written_threshold_is_skipped_not_fatal():
-    rows = [row(age=30 * MINUTE, sigma=8.0), row(age=10 * MINUTE, sigma=-1.0, stall_minutes=600, reference="median")]
+def test_invalid_hand_written_threshold_is_reported_and_its_silences_lifted():
+    rows = [
+        row(age=30 * MINUTE, sigma=8.0, silenced_until=NOW + MINUTE),
+        row(age=10 * MINUTE, sigma=-1.0, stall_minutes=600, reference="median"),
+    ]
     policy = resolve(rows, "c1", "hero-a", NOW, T)
     assert (policy.thresholds.sigma, policy.thresholds.stall_minutes, policy.thresholds.reference) == (8.0, 15, "mean")
+    assert not policy.silenced  # the unusable row could mean anything: page
+    [(found, problem)] = unusable_rows(rows, NOW, T)
+    assert found is rows[1] and "sigma=-1.0" in problem and "stall_minutes=600" in problem
+
+
+# --- rows the product cannot use fail toward paging (SPEC "Per-run overrides", issue 17) -------
+
+
+def broken(pattern: str | None = "hero-a", age: timedelta = 5 * MINUTE, **values) -> OverrideRow:
+    """A row as a reader marks one it cannot use."""
+    values = {"created_at": NOW - age, "problem": "silenced_until is out of range", **values}
+    return OverrideRow(run_pattern=pattern, **values)
+
+
+def test_an_unusable_row_lifts_every_silence_of_the_runs_it_could_match():
+    silence = row("hero-%", age=30 * MINUTE, silenced_until=NOW + 60 * MINUTE, sigma=8.0, note="boundary")
+    finished = row("hero-b", age=20 * MINUTE, finished=True)
+    rows = [silence, finished, broken("hero-a")]  # e.g. a --clear whose time cannot be read
+    a, b = resolve(rows, "c1", "hero-a", NOW, T), resolve(rows, "c1", "hero-b", NOW, T)
+    assert not a.silenced and a.thresholds.sigma == 8.0 and a.note == "boundary"
+    assert b.silenced  # the broken row cannot match hero-b
+    # A pattern that cannot be read could match any run; a cluster still narrows it.
+    for pattern in (None, "hero-\\"):  # NULL, and a lone trailing backslash
+        rows = [silence, finished, broken(pattern, cluster="c2")]
+        assert resolve(rows, "c1", "hero-b", NOW, T).silenced
+        assert not resolve(rows, "c2", "hero-b", NOW, T).silenced
+        assert not resolve(rows, "c2", "zzz", NOW, T).silenced
+    # A broken row written after now does not count yet; one whose created_at is unreadable does.
+    assert resolve([silence, broken(age=-MINUTE)], "c1", "hero-a", NOW, T).silenced
+    assert not resolve([silence, broken(age=MINUTE, created_at=None)], "c1", "hero-a", NOW, T).silenced
+
+
+def test_a_pattern_ending_in_a_lone_backslash_is_unusable_when_read():
+    table = pa.Table.from_pylist(
+        [
+            {"run_pattern": "hero-a\\", "created_at": NOW, "unreadable_columns": ""},
+            {"run_pattern": "hero-a\\\\", "created_at": NOW, "unreadable_columns": ""},
+            {"run_pattern": None, "created_at": NOW, "unreadable_columns": ""},
+            {"run_pattern": "hero-a", "created_at": None, "unreadable_columns": "created_at "},
+        ]
+    )
+    rows = rows_from_arrow(table, {"created_at": "column 'created_at' is VARCHAR, not TIMESTAMP WITH TIME ZONE"})
+    assert [r.problem for r in rows] == [
+        "run_pattern ends with a backslash that escapes nothing",
+        None,
+        "run_pattern is NULL",
+        "column 'created_at' is VARCHAR, not TIMESTAMP WITH TIME ZONE",
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    patterns=st.lists(st.text(alphabet="ab%_\\-", max_size=6), min_size=1, max_size=12),
+    runs=st.lists(st.text(alphabet="ab%_\\-", min_size=1, max_size=7), min_size=1, max_size=8),
+)
+def test_indexed_matching_equals_trying_every_pattern(patterns, runs):
+    # run_policies finds each run's rows through an index; it must find exactly the rows `like` matches.
+    rows = [row(p, age=(i + 1) * MINUTE, silenced_until=NOW + MINUTE, note=str(i)) for i, p in enumerate(patterns)]
+    rows = [r for r in rows if not unusable_rows([r], NOW, T)]
+    policies = run_policies([("c1", r) for r in runs], rows, NOW, T)
+    for run in runs:
+        assert (("c1", run) in policies) == any(like(r.run_pattern, run) for r in rows)
+        if ("c1", run) in policies:
+            assert policies[("c1", run)] == resolve(rows, "c1", run, NOW, T)
 
 
 def test_like_escapes_and_literal_names():

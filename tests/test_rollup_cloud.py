@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -21,9 +22,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from oracle import Sample, assert_rows_match, expected
 from servers import bigquery as bqserver
-from servers.proxy import Faults, faulty_proxy
+from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 
 from lossspike.bigquery_store import BigQueryStore
+from lossspike.deadline import Deadline
 from lossspike.rule import Thresholds, alert_rows
 from lossspike.settings import Settings
 from lossspike.sql import Selection
@@ -64,6 +66,10 @@ class Deployment:
             alerts_table=alerts,
             thresholds=thresholds,
             selection=selection,
+            # The seed rule on every attempt: what these tests compare with the oracle.
+            detectors=(),
+            checks=(),
+            attempts="all",
         )
         self.raw = BigQueryStore(base, client)
         self.settings = replace(base, rollup_table=rollup)
@@ -131,8 +137,8 @@ def test_rollup_verdicts_equal_the_raw_query_at_every_tick(emulator, history):
         pending = [(s, delay) for s, delay in pending if s.timestamp + delay > tick]
         deployment.insert(due)
         arrived += due
-        merged = alert_rows(deployment.rollup.read_tick(deployment.settings, tick).runs, tick, thresholds)
-        raw = alert_rows(deployment.raw.read_tick(deployment.settings, tick).runs, tick, thresholds)
+        merged = rows_of(deployment.rollup, deployment.settings, tick)
+        raw = rows_of(deployment.raw, deployment.settings, tick)
         assert_rows_match(merged, expected(arrived, tick, thresholds, selection), arrived)
         assert [(r["cluster"], r["run"], r["reason"]) for r in merged] == [
             (r["cluster"], r["run"], r["reason"]) for r in raw
@@ -151,7 +157,7 @@ def test_write_replaces_an_earlier_write_of_the_same_time(emulator):
     first = alert_rows([], tick, Thresholds())  # the fleet row: nobody enrolled yet
     samples = [Sample(tick - timedelta(seconds=20 * i), 2.0, "hero-a") for i in range(1, 100)]
     deployment.insert(samples)
-    second = alert_rows(store.read_tick(deployment.settings, tick).runs, tick, Thresholds())
+    second = rows_of(store, deployment.settings, tick)
     assert store.write_alerts(first) == 1
     assert store.write_alerts(second) == len(second)
     assert store.write_alerts(second) == len(second)
@@ -204,14 +210,14 @@ def test_a_failed_refresh_still_gives_the_tick_its_verdict(emulator, capsys):
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     tick = START + timedelta(hours=2)
     deployment.insert([Sample(tick - timedelta(seconds=20 * i), 2.0 + (i <= 15), "hero-a") for i in range(1, 180)])
-    fresh = alert_rows(deployment.rollup.read_tick(deployment.settings, tick).runs, tick, Thresholds())
+    fresh = rows_of(deployment.rollup, deployment.settings, tick)
     assert deployment.rollup.last_cost()["refresh_failed"] is False
     copy = f"{deployment.settings.rollup_table}_copy"
     emulator.query(f"CREATE TABLE `{copy}` AS SELECT * FROM `{deployment.settings.rollup_table}`").result()
     capsys.readouterr()
     losing = replace(deployment.settings, rollup_table=copy)
     store = BigQueryStore(losing, emulator)
-    rows = alert_rows(store.read_tick(losing, tick).runs, tick, Thresholds())
+    rows = rows_of(store, losing, tick)
     assert (
         [(r["run"], r["reason"]) for r in rows] == [(r["run"], r["reason"]) for r in fresh] == [("hero-a", "spiking")]
     )
@@ -236,7 +242,7 @@ def test_a_telemetry_column_of_the_wrong_type_is_refused_in_one_line(emulator):
         alerts_table=f"{dataset}.loss_spike_alerts",
     )
     with pytest.raises(StoreError) as refused:
-        BigQueryStore(settings, emulator).read_tick(settings, START)
+        rows_of(BigQueryStore(settings, emulator), settings, START)
     message = str(refused.value)
     assert "\n" not in message and "timestamp" in message and "STRING" in message and "TIMESTAMP" in message
 
@@ -270,8 +276,7 @@ def test_the_tick_reads_override_rows_in_its_statement_only_after_they_change(em
         store = BigQueryStore(deployment.settings, bqserver.make_client(url, PROJECT))
 
         def rows_at(moment: datetime) -> list[dict]:
-            read = store.read_tick(deployment.settings, moment)
-            return alert_rows(read.runs, moment, deployment.settings.thresholds, run_policies_of(read, moment))
+            return rows_of(store, deployment.settings, moment)
 
         first = rows_at(tick)
         second = rows_at(tick)  # a re-run of the minute: nothing changed, nothing re-read
@@ -306,19 +311,199 @@ def test_the_tick_reads_override_rows_in_its_statement_only_after_they_change(em
     assert [(r["reason"], r["value"], r["silenced"]) for r in third] == [("spiking", 1, False)]
 
 
-def run_policies_of(read, moment):
-    from lossspike.overrides import run_policies
+def rows_of(store: BigQueryStore, settings: Settings, moment: datetime) -> list[dict]:
+    """The alert rows of one tick's read (the store's one job), judged as `evaluate` judges them."""
+    from lossspike.evaluate import judge, tick_windows
 
-    return run_policies(((r.cluster, r.run) for r in read.runs), read.overrides, moment, Thresholds())
+    return judge(store.read_tick(settings, tick_windows(settings, moment)), settings, moment)
 
 
 def test_a_read_over_the_cap_names_the_setting_to_raise(emulator, endpoint):
-    from lossspike.evaluate import window_query
-    from lossspike.sql import BIGQUERY
+    from lossspike.sql import BIGQUERY, loss_window_query
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     with faulty_proxy(endpoint, Faults(status=400, payload=OVER_THE_CAP, fail_next=1)) as url:
         store = BigQueryStore(deployment.settings, bqserver.make_client(url, PROJECT))
         with pytest.raises(StoreError) as refused:
-            store.fetch(window_query(BIGQUERY, deployment.settings, START + timedelta(hours=2)))
+            settings = deployment.settings
+            now = START + timedelta(hours=2)
+            store.fetch(
+                loss_window_query(BIGQUERY, settings.telemetry_table, now, settings.thresholds, settings.selection)
+            )
     assert "LOSSSPIKE_MAX_BYTES_BILLED=2147483648" in str(refused.value) and "\n" not in str(refused.value)
+
+
+# --- issue 17: override rows on BigQuery, and what the earlier tests could not notice -------------
+
+
+def _overrides_table(deployment: Deployment, types: dict[str, str] | None = None) -> str:
+    """The overrides table beside the alerts, as Terraform makes it, or with some columns retyped."""
+    from google.cloud import bigquery
+
+    from lossspike.overrides import OVERRIDES_SCHEMA
+
+    table = deployment.settings.alerts_table.rsplit(".", 1)[0] + ".loss_spike_overrides"
+    fields = [
+        bigquery.SchemaField(c["name"], (types or {}).get(c["name"], c["type"]), mode=c["mode"])
+        for c in OVERRIDES_SCHEMA
+    ]
+    deployment.client.create_table(bigquery.Table(table, fields))
+    return table
+
+
+def _touch(client, table: str) -> None:
+    # BigQuery moves lastModifiedTime when a table's contents change; the emulator only does for
+    # metadata (pinned in test_servers_smoke), so the tests make a change visible as BigQuery would.
+    changed = client.get_table(table)
+    changed.description = f"changed {uuid.uuid4().hex}"
+    client.update_table(changed, ["description"])
+
+
+def _spiking(deployment: Deployment, tick: datetime) -> None:
+    """hero-a's loss rose 1.0 five minutes before `tick` and stayed: spiking, unless silenced."""
+    deployment.insert(
+        [Sample(tick - timedelta(seconds=20 * i), 2.0 + (1.0 if i <= 15 else 0.0), "hero-a") for i in range(1, 150)]
+    )
+
+
+@pytest.mark.parametrize("read", ["raw", "rollup"])
+def test_a_row_written_after_a_ticks_time_but_before_its_read_counts_from_the_next_tick(emulator, read):
+    from lossspike.overrides import OverrideRow, write_bigquery
+
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    table = _overrides_table(deployment)
+    tick = START + timedelta(hours=2)
+    _spiking(deployment, tick)
+    # And a NaN loss every minute from four minutes before the tick on: it pages at every later tick.
+    deployment.insert([Sample(tick + timedelta(minutes=m, seconds=5), math.nan, "hero-a") for m in range(-4, 4)])
+    store = deployment.raw if read == "raw" else deployment.rollup
+    settings = replace(deployment.settings, rollup_table="") if read == "raw" else deployment.settings
+
+    def verdict(moment: datetime) -> tuple:
+        [row] = rows_of(store, settings, moment)
+        return row["reason"], row["value"], row["silenced"]
+
+    def write(created_at: datetime, until: datetime) -> None:
+        # Written at `created_at`, 30 s after a tick's time and before that tick reads.
+        write_bigquery(
+            emulator, table, OverrideRow(run_pattern="hero-a", created_at=created_at, silenced_until=until), "US"
+        )
+        _touch(emulator, table)
+
+    write(tick + timedelta(seconds=30), tick + timedelta(hours=1))
+    assert verdict(tick) == ("not_finite", 1, False)  # not yet written at the tick's time
+    assert verdict(tick + timedelta(minutes=1)) == ("not_finite", 0, True)  # from the cache: the silence holds
+    write(tick + timedelta(minutes=1, seconds=30), tick + timedelta(minutes=1, seconds=30))  # a --clear
+    assert verdict(tick + timedelta(minutes=1)) == ("not_finite", 0, True)  # the re-run of that minute
+    assert verdict(tick + timedelta(minutes=2)) == ("not_finite", 1, False)  # the clear, from the cache: pages
+
+
+@pytest.mark.parametrize("read", ["raw", "rollup"])
+def test_an_overrides_table_of_the_wrong_types_pages_and_fails_the_tick(emulator, read, capsys):
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    table = _overrides_table(deployment, {"silenced_until": "STRING", "sigma": "STRING"})
+    tick = START + timedelta(hours=2)
+    _spiking(deployment, tick)
+    errors = emulator.insert_rows_json(
+        table,
+        [
+            {"run_pattern": "hero-%", "created_at": (tick - timedelta(hours=1)).isoformat(), "sigma": "8"},
+            {
+                "run_pattern": "hero-a",
+                "created_at": (tick - timedelta(minutes=30)).isoformat(),
+                "silenced_until": "2026-11-30 11:00:00",
+                "note": "boundary",
+            },
+        ],
+    )
+    assert not errors
+    settings = deployment.settings if read == "rollup" else replace(deployment.settings, rollup_table="")
+    store = BigQueryStore(settings, emulator)
+    written: list = []
+    result = run_tick(store, {"rows": lambda rows, deadline: written.extend(rows) or {}}, settings, tick)
+    assert not result.ok and result.body()["ok"] is False
+    assert [(r["run"], r["reason"], r["value"], r["silenced"], r["note"]) for r in written] == [
+        ("hero-a", "spiking", 1, False, None)
+    ]
+    assert "column 'silenced_until' is STRING, not TIMESTAMP" in result.unusable_overrides
+    assert "2 unusable override row(s)" in result.unusable_overrides
+    [entry] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "lossspike tick" in x]
+    assert entry["severity"] == "ERROR" and "run_pattern='hero-a'" in entry["message"]
+
+
+def _stored(client, table: str) -> list[dict]:
+    rows = client.query(f"SELECT * FROM `{table}` ORDER BY evaluated_at, cluster, run").result()
+    return [dict(r.items()) for r in rows]
+
+
+def test_rewriting_one_evaluation_leaves_the_others_untouched(emulator):
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    store, table = deployment.rollup, deployment.settings.alerts_table
+    ticks = [START + timedelta(hours=2, minutes=m) for m in range(3)]
+    _spiking(deployment, ticks[0])
+    first = {t: rows_of(store, deployment.settings, t) for t in ticks}
+    for rows in first.values():
+        assert store.write_alerts(rows) == 1
+    # The middle minute again, now with two runs: its row is replaced, the others stay as they were.
+    again = [{**first[ticks[1]][0], "run": "hero-b"}, {**first[ticks[1]][0], "run": "hero-c", "value": 0}]
+    assert store.write_alerts(again) == 2
+    stored = _stored(emulator, table)
+    want = [*first[ticks[0]], *again, *first[ticks[2]]]
+    assert [{k: r[k] for k in want[0]} for r in stored] == want
+
+
+def test_a_row_with_every_optional_column_set_is_read_back_whole(emulator):
+
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    store, tick = deployment.rollup, START + timedelta(hours=2)
+    _spiking(deployment, tick)
+    [row] = rows_of(store, deployment.settings, tick)
+    # Every optional column set, as a silenced detector row would carry them.
+    row.update(silenced=True, note='a "boundary"\nline two; ü', severity="page", metric="train_loss")
+    row.update(observed=0.25, threshold=0.1)
+    assert row["silenced"] is True and row["note"] and row["last_loss_at"] is not None
+    assert all(value is not None for value in row.values())
+    assert store.write_alerts([row]) == 1
+    [stored] = _stored(emulator, deployment.settings.alerts_table)
+    assert stored == row
+
+
+def test_the_rollup_read_ignores_rows_at_and_after_now(emulator):
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    tick = START + timedelta(hours=2)
+    steady = [Sample(tick - timedelta(seconds=20 * i), 2.0 + 0.001 * (i % 3), "hero-a") for i in range(1, 150)]
+    # At the tick's time and after it: a NaN, a huge step and a new run. None may count.
+    later = [
+        Sample(tick, float("nan"), "hero-a"),
+        Sample(tick + timedelta(seconds=30), 50.0, "hero-a"),
+        Sample(tick + timedelta(minutes=3), float("inf"), "hero-a"),
+        Sample(tick + timedelta(seconds=1), 2.0, "hero-late"),
+    ]
+    deployment.insert(steady + later)
+    got = rows_of(deployment.rollup, deployment.settings, tick)
+    assert_rows_match(got, expected(steady + later, tick, Thresholds(), Selection()), steady + later)
+    assert [(r["run"], r["reason"]) for r in got] == [("hero-a", "healthy")]
+    assert got[0]["last_loss_at"] < tick and got[0]["recent_peak"] < 3
+
+
+def test_a_read_started_with_a_nearly_spent_deadline_ends_in_time_and_says_why(emulator, endpoint, capsys):
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    tick = START + timedelta(hours=2)
+    _spiking(deployment, tick)
+    written: list = []
+    sinks = {"rows": lambda rows, deadline: written.extend(rows) or {}}
+    # Too little left to start: refused before the job, naming the step.
+    too_late = run_tick(deployment.rollup, sinks, deployment.settings, tick, deadline=Deadline(0.2))
+    assert too_late.error == "StoreError: BigQuery query failed: tick deadline of 0.2 s exhausted before rollup"
+    # A job that never finishes: the tick gives up when the deadline does, and says which job waited.
+    with never_finishing_jobs(endpoint, PROJECT) as url:
+        store = BigQueryStore(deployment.settings, bqserver.make_client(url, PROJECT))
+        started = time.monotonic()
+        stuck = run_tick(store, sinks, deployment.settings, tick, deadline=Deadline(3.0))
+        elapsed = time.monotonic() - started
+    assert elapsed < 6, elapsed
+    assert stuck.error.startswith("StoreError: BigQuery query failed: job lossspike-stuck did not finish within")
+    assert "'rollup'" in stuck.error and written == []
+    entries = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "lossspike tick" in x]
+    assert [e["severity"] for e in entries] == ["ERROR", "ERROR"]
+    assert "did not finish" in entries[-1]["message"]

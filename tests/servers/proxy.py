@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -97,3 +98,28 @@ def faulty_proxy(upstream: str, faults: Faults) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def never_finishing_jobs(upstream: str, project: str) -> Iterator[str]:
+    """Proxies in front of `upstream` under which every query job stays RUNNING: its insert,
+    its status and its results all say so (a job stuck in BigQuery's queue)."""
+    reference = {"projectId": project, "jobId": "lossspike-stuck", "location": "US"}
+    job = {
+        "kind": "bigquery#job",
+        "id": f"{project}:US.lossspike-stuck",
+        "jobReference": reference,
+        "status": {"state": "RUNNING"},
+        "configuration": {"jobType": "QUERY", "query": {"query": "SELECT 1"}},
+    }
+    results = {"kind": "bigquery#getQueryResultsResponse", "jobReference": reference, "jobComplete": False}
+
+    def running(method: str, path: str, body: dict) -> Faults:
+        return Faults(method=method, path_contains=path, status=200, fail_all=True, payload=json.dumps(body).encode())
+
+    with (
+        faulty_proxy(upstream, running("GET", "/jobs/", job)) as status,
+        faulty_proxy(status, running("POST", "/jobs", job)) as insert,
+        faulty_proxy(insert, running("GET", "/queries/", results)) as url,
+    ):
+        yield url
