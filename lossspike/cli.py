@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lossspike.overrides import THRESHOLD_COLUMNS
 from lossspike.rule import Thresholds
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 from lossspike.sql import Selection
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 # --- overrides and silences: lossspike silence / override / overrides ----------
 
 # The thresholds a team may set per run (lossspike.overrides.THRESHOLD_COLUMNS).
-_OVERRIDE_FLAGS = ("sigma", "min_rise", "min_baseline_samples", "min_recent_samples", "reference", "stall_minutes")
+# Every per-run threshold: the override table's threshold columns (lossspike.overrides).
+_OVERRIDE_FLAGS = THRESHOLD_COLUMNS
 # `--for 90m`, `--for 2h`, `--for 1d`: the units a silence is thought of in.
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DIGITS = re.compile(r"[0-9]+")
@@ -159,6 +161,10 @@ def _add_override_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pattern", action="store_true", help="RUN is a SQL LIKE pattern (\\ escapes %% and _)")
     parser.add_argument("--cluster", help="only the run on this cluster ('unknown' for none) [any cluster]")
     parser.add_argument("--note", required=True, help="why: shown in the run's alert rows and in `overrides`")
+    parser.add_argument(
+        "--reason",
+        help="only the run's loss row ('loss') or one check's rows (e.g. grad_norm_high) [every row of the run]",
+    )
     _add_override_backend(parser, "the row's created_at")
 
 
@@ -290,7 +296,8 @@ class _OverrideTable:
 
 
 def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
-    from lossspike.overrides import UNKNOWN_CLUSTER, OverrideRow, escape_like
+    from lossspike.checks import CHECK_REASONS
+    from lossspike.overrides import LOSS_SCOPE, UNKNOWN_CLUSTER, OverrideRow, escape_like
 
     if not args.run.strip():
         raise ConfigError("RUN must not be empty")
@@ -298,9 +305,13 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
         raise ConfigError("--note must not be empty: say why, for whoever reads the alert next")
     cluster = None if args.cluster is None else (args.cluster.strip() or UNKNOWN_CLUSTER)
     pattern = args.run if args.pattern else escape_like(args.run)
+    scopes = (LOSS_SCOPE, *CHECK_REASONS)
+    if args.reason is not None and args.reason not in scopes:
+        raise ConfigError(f"--reason {args.reason!r}: must be one of {', '.join(scopes)}")
     return OverrideRow(
         run_pattern=pattern,
         cluster=cluster,
+        reason=args.reason,
         note=args.note.strip(),
         created_by=table.created_by(),
         created_at=now,
@@ -335,6 +346,8 @@ def _describe_override(row: Any) -> str:
     from lossspike.overrides import RESOLVED_COLUMNS
 
     parts = [f"run {row.run_pattern!r}", f"cluster {row.cluster or 'any'}"]
+    if row.reason is not None:
+        parts.append(f"reason {row.reason}")
     for column in RESOLVED_COLUMNS:
         value = getattr(row, column)
         if value is None or column == "note":
@@ -539,11 +552,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out, t = sys.stdout, settings.thresholds
     out.write(
         f"lossspike demo: {len(DEMO_RUNS)} synthetic training runs, {written:,} telemetry rows"
-        f" (train_loss and grad_norm every 10 s) in {path}.\n"
+        f" (loss, gradient norm, skipped steps and throughput every 10 s) in {path}.\n"
         f"Each hero run's last {t.recent_minutes} minutes of train_loss are compared with its trailing"
         f" {t.baseline_minutes}-minute baseline.\nA run pages (page = 1) when the floor of its recent window"
         f" rises above band = reference + max({t.min_rise}, {t.sigma} x stddev),\n"
-        f"when any recent loss is NaN or infinite, or when no loss arrived for {t.stall_minutes} minutes.\n"
+        f"when any recent loss is NaN or infinite, or when no loss arrived for {t.stall_minutes} minutes;\n"
+        "then the detectors judge a healthy run (level_shift, slow_divergence, instability: README),\n"
+        "and a check row joins a run whose other metrics fire (gradient norm, skipped steps, throughput).\n"
+        "`observed` and `threshold` say what fired a detector or a check; a notify row never pages.\n"
         "A silenced run (lossspike silence) keeps its reason with page 0.\n\n"
     )
     out.write(render(rows, "table"))

@@ -32,6 +32,11 @@ SILENCE_WRITTEN = timedelta(minutes=10)
 SILENCE_LENGTH = timedelta(hours=2)
 SILENCED_RUN = "hero-phi-3"
 SILENCE_NOTE = "data-stage boundary at step 40k: rise expected (demo)"
+# The run whose throughput floor an override row sets, as a team sets a model-specific floor.
+THROUGHPUT_RUN = "hero-nemo-12b"
+THROUGHPUT_FLOOR = 800_000.0
+# A slow-stepping run's step: Marin's slowest hero runs log about once in 105 s.
+SLOW_STEP = timedelta(seconds=105)
 
 # run_id, cluster, what happens to its loss, and what the rule should say about it.
 DEMO_RUNS = (
@@ -42,6 +47,13 @@ DEMO_RUNS = (
     ("hero-olmo-1b", "us-east5", "late", "warming_up: started 7 min ago, baseline not yet full"),
     ("hero-deepseek", "us-east5", "stall", "stalled: no loss for 20 min (a hung step), pages"),
     (SILENCED_RUN, "europe-west4", "shift", "spiking but silenced by an override row: page 0, note shown"),
+    ("hero-yi-34b", "us-central2", "young_shift", "level_shift: a young run falls fast (wide band); up 0.3, 7 min ago"),
+    ("hero-falcon-7b", "europe-west4", "creep", "slow_divergence: creeping up 0.5 nats/h for an hour"),
+    ("hero-dbrx", "us-east5", "spike_train", "instability: a one-step spike every 6 min, each one skip-step's"),
+    ("hero-arctic", "us-central2", "slow_shift", "level_shift: 105 s a step, under 5 recent losses; window widened"),
+    ("hero-grok-1", "europe-west4", "grad_norm", "grad_norm_high (check row): gradient norm 3.5, the loss fine"),
+    ("hero-jamba", "us-east5", "skipped", "steps_skipped (check row): the optimizer skipped 4 steps in 15 min"),
+    (THROUGHPUT_RUN, "us-central2", "slow_tokens", "throughput_low (notify row): tokens/s under its override floor"),
     ("ablation-lr-sweep", "us-central2", "shift", "not watched: run ID does not match hero-%"),
 )
 
@@ -50,6 +62,15 @@ def _loss(kind: str, age: timedelta, rng: random.Random) -> float:
     """Loss of a run of `kind`, `age` before now: slow decay plus noise, then the event."""
     minutes = age.total_seconds() / 60
     loss = 2.2 + 0.3 * math.exp(-(90 - minutes) / 40) + rng.gauss(0, 0.01)
+    if kind == "young_shift":
+        # 1.2 nats/h down: a run 1.5 h old, whose falling loss widens the seed rule's band.
+        return 3.0 + 0.02 * minutes + rng.gauss(0, 0.01) + (0.3 if age <= timedelta(minutes=7) else 0.0)
+    if kind == "creep" and minutes < 60:
+        return loss + 0.5 * (60 - minutes) / 60
+    if kind == "spike_train" and int(age.total_seconds()) % 360 < STEP.total_seconds() and minutes < 50:
+        return loss + 2.0
+    if kind == "slow_shift" and age <= timedelta(minutes=9):
+        return loss + 0.4
     if kind == "transient" and timedelta(minutes=2) <= age < timedelta(minutes=2) + STEP:
         return loss + 4.0
     if kind == "shift" and age <= timedelta(minutes=5):
@@ -66,10 +87,11 @@ def demo_telemetry(now: datetime) -> pa.Table:
     for run_id, cluster, kind, _ in DEMO_RUNS:
         start = now - (timedelta(minutes=7) if kind == "late" else HISTORY)
         end = now - STALL_AGE if kind == "stall" else now
+        step = SLOW_STEP if kind == "slow_shift" else STEP
         moment = start
         while moment < end:
             age = now - moment
-            for name, value in (("train_loss", _loss(kind, age, rng)), ("grad_norm", abs(rng.gauss(1.0, 0.1)))):
+            for name, value in _samples(kind, age, rng):
                 rows["timestamp"].append(moment)
                 rows["service"].append("levanter")
                 rows["name"].append(name)
@@ -78,8 +100,40 @@ def demo_telemetry(now: datetime) -> pa.Table:
                 rows["run_id"].append(run_id)
                 rows["job_id"].append(f"{run_id}-job")
                 rows["execution_uid"].append(f"{run_id}-attempt-1")
-            moment += STEP
+            moment += step
     return pa.table(rows).cast(TELEMETRY_ARROW_SCHEMA)
+
+
+def _samples(kind: str, age: timedelta, rng: random.Random) -> list[tuple[str, float]]:
+    """One step's metrics: the loss, and the health metrics a Levanter run logs beside it."""
+    recent = age <= timedelta(minutes=4)
+    grad_norm = 3.5 if kind == "grad_norm" and recent else abs(rng.gauss(1.0, 0.1))
+    # Four skipped steps, a minute apart, in the last 15 minutes.
+    skipped = (
+        1.0
+        if kind == "skipped" and int(age.total_seconds()) % 60 < STEP.total_seconds() and age.total_seconds() < 240
+        else 0.0
+    )
+    tokens = (600_000.0 if kind == "slow_tokens" and age <= timedelta(minutes=20) else 1_000_000.0) + rng.gauss(
+        0, 5_000
+    )
+    return [
+        ("train_loss", _loss(kind, age, rng)),
+        ("grad_norm_total", grad_norm),
+        ("optim_skipped_step", skipped),
+        ("throughput_tokens_per_second", tokens),
+    ]
+
+
+def demo_throughput_floor(now: datetime) -> OverrideRow:
+    """The override row setting one run's throughput floor, as a team would for its model."""
+    return OverrideRow(
+        run_pattern=escape_like(THROUGHPUT_RUN),
+        created_at=now - HISTORY,
+        throughput_floor=THROUGHPUT_FLOOR,
+        note="throughput floor for this model and slice (demo)",
+        created_by="lossspike demo",
+    )
 
 
 def demo_silence(now: datetime) -> OverrideRow:
@@ -117,6 +171,7 @@ def write_demo_database(
             connection.execute(f"INSERT INTO {quoted} SELECT * FROM demo_rows")
             connection.execute(f"DROP TABLE IF EXISTS {quote_table(DUCKDB, overrides_table)}")
             write_duckdb(connection, overrides_table, demo_silence(now))
+            write_duckdb(connection, overrides_table, demo_throughput_floor(now))
     except (duckdb.Error, OSError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise StoreError(f"cannot write the demo database {path}: {first}") from None

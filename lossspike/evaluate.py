@@ -16,6 +16,7 @@ import numpy as np
 from lossspike import minutes
 from lossspike.checks import (
     CHECK_MINUTES,
+    CHECKS,
     EVAL_FRESH_MINUTES,
     EVAL_LOOKBACK_MINUTES,
     EVAL_REGRESSED,
@@ -97,6 +98,13 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     if not runs.keys:
         return [fleet_row(now)]
     checks = enabled_checks(settings.checks, t)
+    if settings.checks is None:
+        # A model-specific check is on once its threshold is set, by the settings or by an
+        # override row for some run; it fires nothing for a run without one.
+        set_by_rows = {
+            r for r, (_, f) in CHECKS.items() if f and any(getattr(o, f) is not None for o in read.overrides)
+        }
+        checks = tuple(r for r in CHECKS if r in checks or r in set_by_rows)
     found = run_policies(runs.keys, read.overrides, now, t, LOSS_SCOPE)
     plain = RunPolicy(t)
     policies = [found.get(key, plain) for key in runs.keys]

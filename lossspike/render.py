@@ -25,7 +25,12 @@ _TABLE_COLUMNS = (
     ("recent_samples", "recent n"),
     ("recent_floor", "recent floor"),
     ("recent_peak", "recent peak"),
+    # What fired a detector or a check: the statistic, and the limit it cleared.
+    ("observed", "observed"),
+    ("threshold", "threshold"),
 )
+# A notify row's value says "notify", not "page": it never reaches the pager.
+_NOTIFY = "notify"
 
 
 def jsonable(row: dict[str, Any]) -> dict[str, Any]:
@@ -68,6 +73,13 @@ def _cell(value: Any) -> str:
     return terminal_safe(str(value))
 
 
+def _value_cell(row: dict[str, Any]) -> str:
+    text = _cell(row.get("value"))
+    if row.get("severity") == _NOTIFY and row.get("value"):
+        text = _NOTIFY
+    return text + (" silenced" if row.get("silenced") else "")
+
+
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
     """Rows in the requested format, ending with a newline."""
     if fmt == "json":
@@ -77,10 +89,7 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     # A silenced run's page reads "0 silenced"; the note column appears only when some run has one.
     columns = [*_TABLE_COLUMNS, ("note", "note")] if any(row.get("note") for row in rows) else _TABLE_COLUMNS
     header = [title for _, title in columns]
-    body = [
-        [_cell(row.get(key)) + (" silenced" if key == "value" and row.get("silenced") else "") for key, _ in columns]
-        for row in rows
-    ]
+    body = [[_value_cell(row) if key == "value" else _cell(row.get(key)) for key, _ in columns] for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
