@@ -5,8 +5,8 @@ Builds 1,000 hero runs at 1 Hz for 3 hours of train_loss and grad_norm plus
 each as a whole process:
 
 - `lossspike evaluate ... --format json --no-write` (the product), and
-- a bare DuckDB aggregate computing the same statistics over the same rows
-  (the floor on this engine: Python + DuckDB with nothing of ours),
+- a bare DuckDB aggregate reading the same rows and horizons with a count/sum/min/max per
+  run, metric and minute (the floor on this engine: Python + DuckDB with nothing of ours),
 
 and prints their medians, the ratio (target <= 1.3) and the evaluate process's
 peak RSS (target <= 300 MiB).
@@ -32,25 +32,20 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 RATIO_TARGET = 1.3
 RSS_TARGET_MIB = 300
 
-# The same statistics the product computes, written by hand with literal bounds:
-# what anyone would write against this table without lossspike.
+# The floor (issue 18): the same rows and horizons the tick reads, reduced with a bare
+# count/sum/min/max per run, metric and minute, written by hand with literal bounds: what
+# anyone would write against this table without lossspike. The loss is read over slow
+# divergence's three hours, every other metric over the hour.
 FLOOR_SQL = """
-SELECT COALESCE(NULLIF(cluster, ''), 'unknown') AS c, run_id,
-  arg_max(NULLIF(job_id, ''), CASE WHEN job_id <> '' THEN timestamp END) AS job,
-  count(*) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)) AS bn,
-  avg(value) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)) AS bm,
-  stddev_samp(value) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)),
-  min(value) FILTER (WHERE name = 'train_loss' AND timestamp < TIMESTAMPTZ '{recent}' AND isfinite(value)),
-  count(*) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}') AS rn,
-  count(*) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND NOT isfinite(value)),
-  avg(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
-  min(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
-  max(value) FILTER (WHERE name = 'train_loss' AND timestamp >= TIMESTAMPTZ '{recent}' AND isfinite(value)),
-  max(timestamp) FILTER (WHERE name = 'train_loss') AS last_loss_at
+SELECT COALESCE(NULLIF(cluster, ''), 'unknown') AS c, run_id, execution_uid, name,
+  CAST(floor(epoch_us(timestamp) / 60000000) AS BIGINT) AS minute,
+  count(*), sum(value) FILTER (WHERE isfinite(value)), min(value) FILTER (WHERE isfinite(value)),
+  max(value) FILTER (WHERE isfinite(value)), max(timestamp)
 FROM telemetry
-WHERE timestamp >= TIMESTAMPTZ '{start}' AND timestamp < TIMESTAMPTZ '{now}'
+WHERE timestamp >= TIMESTAMPTZ '{history}' AND timestamp < TIMESTAMPTZ '{now}'
+  AND (name = 'train_loss' OR timestamp >= TIMESTAMPTZ '{start}')
   AND service = 'levanter' AND value IS NOT NULL AND run_id LIKE 'hero-%'
-GROUP BY 1, 2
+GROUP BY 1, 2, 3, 4, 5
 """
 
 
@@ -134,7 +129,7 @@ def main() -> None:
             "json",
             "--no-write",
         ]
-        floor_sql = FLOOR_SQL.format(start="2026-11-30 11:00:00+00", recent="2026-11-30 11:55:00+00", now=now)
+        floor_sql = FLOOR_SQL.format(history="2026-11-30 09:00:00+00", start="2026-11-30 11:00:00+00", now=now)
         floor = [
             sys.executable,
             "-c",

@@ -117,10 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--partition", choices=("DAY", "HOUR"), default="HOUR", help="telemetry partitioning [HOUR]")
     cost.add_argument("--paging-runs", type=float, help="runs paging at once (Monitoring points) [1%% of runs]")
     cost.add_argument(
-        "--horizon-minutes", type=int, default=60, help="longest window the rules read from the view [60]"
+        "--rules",
+        choices=("defaults", "seed"),
+        default="defaults",
+        help="the detectors and checks on, or the seed rule alone (--detectors none --checks none) [defaults]",
     )
+    cost.add_argument("--horizon-minutes", type=int, default=60, help="the raw query's window, no rollup [60]")
     cost.add_argument(
-        "--rollup-rows-per-run-minute", type=float, default=2.2, help="the view's rows per run and minute [2.2]"
+        "--rollup-rows-per-run-minute",
+        type=float,
+        default=2.2,
+        help="the view's loss and other-metric rows per run and minute, for Grafana's reads [2.2]",
     )
     cost.add_argument(
         "--buffer-minutes", type=float, default=0.0, help="minutes new rows sit in the streaming buffer [0]"
@@ -728,6 +735,8 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             horizon_minutes=args.horizon_minutes,
             rollup_rows_per_run_minute=args.rollup_rows_per_run_minute,
             buffer_minutes=args.buffer_minutes,
+            detectors=() if args.rules == "seed" else cost.DETECTORS,
+            checks=args.rules != "seed",
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lossspike.rule import DETECTORS
 from lossspike.schema import ALERT_COLUMNS
-from lossspike.sql import Query
+from lossspike.sql import CHECK_PARTS, Query
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -95,6 +96,31 @@ LOSS_ROW_BYTES = {
     "job_at": 8,
 }
 ROLLUP_ROWS_PER_RUN_MINUTE = LOSS_ROWS_PER_RUN_MINUTE + OTHER_ROWS_PER_RUN_MINUTE
+# The view's rows per run-minute by metric role (lossspike.sql: 'loss', 'eval', '' for every other
+# metric): an evaluation every ten minutes is a generous cadence for a hero run's eval loss.
+EVAL_ROWS_PER_RUN_MINUTE = 0.1
+ROLE_ROWS = {"loss": LOSS_ROWS_PER_RUN_MINUTE, "": OTHER_ROWS_PER_RUN_MINUTE, "eval": EVAL_ROWS_PER_RUN_MINUTE}
+# Dense check metrics a hero run publishes of the eight the checks read (gradient norm, skipped
+# steps, throughput, MFU); the MoE ones are NULL (0 bytes) for a dense model.
+PUBLISHED_CHECK_KEYS = ("grad_norm", "skipped_steps", "throughput", "mfu")
+_KEYS = ("run_cluster", "run_id", "execution_uid", "minute")
+_SHARED = ("samples", "sample_at", "job", "job_at")
+
+
+def _role_bytes(role: str) -> dict[str, float]:
+    """The bytes of a view row of `role` in each column it holds (a NULL is 0 bytes)."""
+    sizes = {c: LOSS_ROW_BYTES[c] for c in _KEYS} | {"metric": 2 + len(role)}
+    sizes |= {c: LOSS_ROW_BYTES.get(c, 8) for c in _SHARED}
+    if role == "loss":
+        sizes |= {c: 8 for c in LOSS_ROW_BYTES if c.startswith("loss_") or c == "last_loss_at"}
+    elif role == "eval":
+        sizes |= {c: 8 for c in ("eval_last_finite", "eval_last_finite_at", "eval_last", "eval_last_at")}
+    else:
+        sizes |= {f"{k}_{p}": 8 for k in PUBLISHED_CHECK_KEYS for p in CHECK_PARTS}
+    return sizes
+
+
+ROLE_BYTES = {role: _role_bytes(role) for role in ROLE_ROWS}
 # The mean bytes a rollup row holds in each column.
 ROLLUP_BYTES = {
     name: (LOSS_ROWS_PER_RUN_MINUTE * size + OTHER_ROWS_PER_RUN_MINUTE * (0 if name in _NULL_IN_OTHER_ROWS else size))
@@ -162,6 +188,10 @@ class Fleet:
     buffer_minutes: float = 0.0
     # Alert rows a run writes per tick (the loss row, plus firing checks).
     alert_rows_per_run: float = 1.0
+    # The rules the tick runs: the detectors (slow divergence reads three hours of loss rows) and
+    # the checks (a quarter hour of the other metrics, a day of evaluation rows); none is the seed rule.
+    detectors: tuple[str, ...] = DETECTORS
+    checks: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -263,19 +293,55 @@ def refresh_part(fleet: Fleet, minutes: float = 1.0) -> Part:
     )
 
 
+# The parts of the tick's read (lossspike.sql.tick_read_query): the roles each filters, the
+# minutes [start, end) before now it reads, and the columns it names. tests/test_cost.py checks
+# them against the statements the store builds.
+_CHECK_COLUMNS = (*_KEYS, "metric", *(f"{k}_{p}" for k in PUBLISHED_CHECK_KEYS for p in CHECK_PARTS))
+VIEW_READ_PARTS = (
+    (
+        "hour",
+        ("loss", "eval", ""),
+        ("hour", 0),
+        (*_KEYS, "metric", *_SHARED, *(c for c in LOSS_ROW_BYTES if c.startswith("loss_")), "last_loss_at"),
+    ),
+    ("checks", ("",), ("checks", 0), _CHECK_COLUMNS),
+    ("eval", ("eval",), ("eval", 0), (*_KEYS, "metric", "eval_last_finite", "eval_last_finite_at")),
+    ("history", ("loss",), ("history", "hour"), (*_KEYS, "metric", "loss_base", "loss_finite", "loss_sum")),
+)
+
+
 def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
-    """The tick's read of the view: the watched runs' minute rows of its horizon."""
-    start = now - timedelta(minutes=fleet.horizon_minutes)
-    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned)
-    per_minute = fleet.runs * fleet.rollup_rows_per_run_minute
-    scanned = minutes * per_minute * fleet.rollup_row_bytes
-    how = "clustered by minute: the range only" if pruned else f"{fleet.partition.lower()} partitions"
+    """The tick's read of the view: its four parts, each the rows of its roles in its minutes.
+
+    The view is clustered by (metric, minute): with pruning a part reads only its roles' rows of
+    its range; without, every row of the partitions its range touches. One table, one 10 MiB minimum.
+    """
+    from lossspike.evaluate import tick_windows
+    from lossspike.settings import Settings
+
+    windows = tick_windows(Settings(detectors=fleet.detectors, checks=None if fleet.checks else ()), now)
+    total, notes = 0.0, []
+    for name, roles, (first, last), columns in VIEW_READ_PARTS:
+        start = getattr(windows, first)
+        end = getattr(windows, last) if isinstance(last, str) else last
+        if start <= end:
+            continue
+        minutes = scanned_minutes(
+            now - timedelta(minutes=start), now - timedelta(minutes=end), now, fleet.partition_minutes, pruned
+        )
+        read = roles if pruned else tuple(ROLE_ROWS)
+        rows = sum(ROLE_ROWS[r] for r in read) * fleet.runs
+        width = sum(ROLE_ROWS[r] * sum(ROLE_BYTES[r].get(c, 0) for c in set(columns)) for r in read) / sum(
+            ROLE_ROWS[r] for r in read
+        )
+        total += minutes * rows * width
+        notes.append(f"{name} {minutes:,.0f} min x {rows:,.0f} rows/min x {width:.0f} B")
+    how = "clustered by (metric, minute): each part's roles and range" if pruned else "whole partitions"
     return Part(
         "rollup read",
         "rollup view",
-        _at_least_minimum(scanned),
-        f"{minutes:,.0f} min ({how}) x {per_minute:,.0f} rows/min x {fleet.rollup_row_bytes:.0f} B"
-        f" = {_mib(scanned)}, at least 10 MiB",
+        _at_least_minimum(total),
+        f"{'; '.join(notes)} ({how}) = {_mib(total)}, at least 10 MiB",
     )
 
 
@@ -530,7 +596,8 @@ def estimate(fleet: Fleet, day: datetime | None = None) -> dict[str, Any]:
         "price_per_tib": PRICE_PER_TIB,
         "ticks_per_month": TICKS_PER_MONTH,
         "floor_bytes": round(floor_bytes(fleet)),
-        "ratio_target": SEED_RATIO_TARGET,
+        # SPEC "Cost": 1.15x with the seed rule alone, 1.3x with the detectors and checks.
+        "ratio_target": SEED_RATIO_TARGET if not fleet.detectors and not fleet.checks else DEFAULT_RATIO_TARGET,
         "designs": designs,
         "apart": apart(fleet, day),
         "grafana": grafana_cost(fleet),
@@ -602,6 +669,8 @@ class TableModel:
     rows_per_minute: float
     column_bytes: dict[str, float]
     leading_cluster_column: str = ""
+    # The view's rows per minute and bytes per column by metric role (empty: one kind of row).
+    roles: dict[str, tuple[float, dict[str, float]]] = field(default_factory=dict)
 
 
 def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: str) -> dict[str, TableModel]:
@@ -617,9 +686,10 @@ def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: st
         rollup: TableModel(
             "minute",
             fleet.partition_minutes,
-            fleet.runs * fleet.rollup_rows_per_run_minute,
+            fleet.runs * sum(ROLE_ROWS.values()),
             ROLLUP_BYTES,
             "minute",
+            {role: (fleet.runs * ROLE_ROWS[role], ROLE_BYTES[role]) for role in ROLE_ROWS},
         ),
         alerts: TableModel(
             "evaluated_at", 1440, max(fleet.runs, 1) * fleet.alert_rows_per_run, ALERT_BYTES, "evaluated_at"
@@ -665,29 +735,55 @@ def price_select(
     import sqlglot
     from sqlglot import exp
 
-    parts = []
+    scans: dict[str, tuple[float, list[str]]] = {}
     for select in sqlglot.parse_one(sql, read="bigquery").find_all(exp.Select):
         source = select.args.get("from") or select.args.get("from_")
         table = source.this if source is not None else None
         if not isinstance(table, exp.Table) or _table_name(table) not in models:
             continue
         model = models[_table_name(table)]
-        own = [c for c in select.find_all(exp.Column) if c.find_ancestor(exp.Select) is select]
-        columns = sorted({c.name for c in own} & set(model.column_bytes)) or sorted(model.column_bytes)
-        width = sum(model.column_bytes[c] for c in columns)
+        own = {c.name for c in select.find_all(exp.Column) if c.find_ancestor(exp.Select) is select}
         if model.partition_column:
             start, end = _time_filter(select, model.partition_column, params)
             clustered = pruned and model.leading_cluster_column == model.partition_column
             end = end or now
             minutes = scanned_minutes(start or end - timedelta(days=3650), end, now, model.partition_minutes, clustered)
-            rows, how = minutes * model.rows_per_minute, f"{minutes:,.0f} min x {model.rows_per_minute:,.0f} rows/min"
         else:
-            rows, how = 1.0, "the whole table"
-        scanned = rows * width
-        parts.append(
-            Part(name, _table_name(table), _at_least_minimum(scanned), f"{how} x {width:.0f} B = {_mib(scanned)}")
-        )
-    return parts
+            minutes = None
+        if model.roles:
+            # Clustered by (metric, minute): pruning reads only the roles a part's WHERE names.
+            named = _roles(select) if pruned else None
+            kinds = [model.roles[r] for r in (named or model.roles)]
+            per_minute = sum(rows for rows, _ in kinds)
+            width = sum(rows * sum(sizes.get(c, 0) for c in own) for rows, sizes in kinds) / max(per_minute, 1e-300)
+        else:
+            columns = sorted(own & set(model.column_bytes)) or sorted(model.column_bytes)
+            per_minute, width = model.rows_per_minute, sum(model.column_bytes[c] for c in columns)
+        rows = 1.0 if minutes is None else minutes * per_minute
+        how = "the whole table" if minutes is None else f"{minutes:,.0f} min x {per_minute:,.0f} rows/min"
+        scanned, notes = scans.get(_table_name(table), (0.0, []))
+        scans[_table_name(table)] = (scanned + rows * width, [*notes, f"{how} x {width:.0f} B"])
+    # "a minimum 10 MB data processed per table referenced by the query" (on-demand pricing,
+    # https://cloud.google.com/bigquery/pricing#on_demand_pricing): per table, however many scans.
+    return [
+        Part(name, table, _at_least_minimum(scanned), f"{'; '.join(notes)} = {_mib(scanned)}")
+        for table, (scanned, notes) in scans.items()
+    ]
+
+
+def _roles(select: Any) -> list[str] | None:
+    """The metric roles a SELECT's WHERE names (`metric = '...'` or `metric IN (...)`), None if none."""
+    from sqlglot import exp
+
+    where = select.args.get("where")
+    if where is None:
+        return None
+    for node in where.find_all(exp.EQ, exp.In):
+        column = node.this
+        if isinstance(column, exp.Column) and column.name == "metric":
+            values = [node.expression] if isinstance(node, exp.EQ) else node.expressions
+            return [v.this for v in values if isinstance(v, exp.Literal)]
+    return None
 
 
 def _view_width(view_sql: str, model: TableModel) -> float:

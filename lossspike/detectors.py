@@ -150,18 +150,15 @@ def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> 
     levels = [_quiet(np.nanmedian, np.where(h, floors, np.nan), axis=-1) for h in halves]
     times = [_quiet(np.nanmedian, np.where(h, idx, np.nan), axis=-1) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
-    counts = [h.sum(axis=-1) for h in halves]
+    # A half without minutes counts one: its median is NaN anyway and the slope unused.
+    counts = [np.maximum(h.sum(axis=-1), 1) for h in halves]
     # Only a falling trend is extrapolated (a rising one is what the detectors look for), and
     # only one the halves' medians show beyond their noise: a slope guessed from a few noisy
     # minutes of a slow run would extrapolate into a false page.
     fall = levels[0] - levels[1]
-    doubt = (
-        TREND_SIGMAS
-        * _MEDIAN_NOISE
-        * noise
-        * np.sqrt(_quiet(np.divide, 1.0, counts[0]) + _quiet(np.divide, 1.0, counts[1]))
-    )
-    clear = (counts[0] >= MIN_HALF_MINUTES) & (counts[1] >= MIN_HALF_MINUTES) & (fall > doubt)
+    doubt = TREND_SIGMAS * _MEDIAN_NOISE * noise * np.sqrt(1.0 / counts[0] + 1.0 / counts[1])
+    enough = (halves[0].sum(axis=-1) >= MIN_HALF_MINUTES) & (halves[1].sum(axis=-1) >= MIN_HALF_MINUTES)
+    clear = enough & (_quiet(np.greater, fall, doubt))
     slope = np.where(clear, np.nan_to_num(_quiet(np.divide, -fall, times[1] - times[0])), 0.0)
     trend = levels[1][..., None] + slope[..., None] * (idx - times[1][..., None])
     rises = floors - trend

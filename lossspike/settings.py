@@ -23,9 +23,9 @@ ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")
 # The embedded default lives beside the user, where `lossspike evaluate` looks first.
 DEFAULT_DATABASE = "lossspike.duckdb"
-# About ten times what a rollup tick needs at 1,000 runs x 21 metrics x 1 Hz (~200 MB,
+# About fifteen times what a tick needs at 1,000 runs x 21 metrics x 1 Hz with the detectors and checks (~210 MB,
 # `lossspike cost`): a runaway scan fails instead of billing.
-DEFAULT_MAX_BYTES_BILLED = 2 * 1024**3
+DEFAULT_MAX_BYTES_BILLED = 3 * 1024**3
 # The longest window: a month of trailing loss is already far past any training-loss
 # baseline, and the bound keeps every window's dates inside the calendar and a
 # backtest's lookback small enough to hold in memory.

@@ -138,7 +138,7 @@ variable "deletion_protection" {
 variable "max_bytes_billed" {
   description = "Per-query cap on bytes billed (LOSSSPIKE_MAX_BYTES_BILLED); a query above it fails instead of costing more."
   type        = number
-  default     = 2147483648
+  default     = 3221225472
 
   validation {
     condition     = var.max_bytes_billed >= 10485760 && floor(var.max_bytes_billed) == tonumber(var.max_bytes_billed)
@@ -380,7 +380,7 @@ variable "instability_min_rise" {
 variable "instability_count" {
   description = "instability: separate excursions in the window that page."
   type        = number
-  default     = 3
+  default     = 4
 
   validation {
     condition     = var.instability_count >= 1 && floor(var.instability_count) == tonumber(var.instability_count)

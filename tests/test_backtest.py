@@ -22,6 +22,7 @@ from lossspike.backtest import backtest, tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
+from lossspike.settings import Settings
 from lossspike.sql import Query, Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
@@ -168,7 +169,7 @@ def test_episodes_on_the_demo(demo_db):
     assert spike.max_margin > 0.4
     assert episodes["hero-gemma-2b", "not_finite"].max_margin is None
     summary = result.summary()
-    assert summary["runs"] == 7 and summary["pages"] == 3
+    assert summary["runs"] == 14 and summary["pages"] == 3
     assert summary["pages_by_reason"] == {
         "spiking": 1,
         "not_finite": 1,
@@ -178,6 +179,17 @@ def test_episodes_on_the_demo(demo_db):
         "instability": 0,
     }
     assert summary["pages_per_run_day"] == pytest.approx(3 / summary["run_days"])
+
+
+def test_the_defaults_page_each_detectors_demo_run_once(demo_db):
+    ticks = tick_times(NOW - timedelta(minutes=60), NOW + timedelta(minutes=10))
+    with DuckDBStore(demo_db, read_only=True) as store:
+        [result] = backtest(store, Settings(), ticks)
+    pages = {e.run: e.reasons for e in result.episodes()}
+    assert pages["hero-yi-34b"] == ("level_shift",) and pages["hero-arctic"] == ("level_shift",)
+    assert pages["hero-falcon-7b"] == ("slow_divergence",) and pages["hero-dbrx"] == ("instability",)
+    # One page, whatever reasons it passes through as the shift ages.
+    assert pages["hero-qwen-32b"][0] == "spiking" and len(result.episodes()) == 7
 
 
 def test_ticks_are_whole_minutes_and_ranges_are_checked():

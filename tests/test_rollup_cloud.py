@@ -330,7 +330,7 @@ def test_a_read_over_the_cap_names_the_setting_to_raise(emulator, endpoint):
             store.fetch(
                 loss_window_query(BIGQUERY, settings.telemetry_table, now, settings.thresholds, settings.selection)
             )
-    assert "LOSSSPIKE_MAX_BYTES_BILLED=2147483648" in str(refused.value) and "\n" not in str(refused.value)
+    assert "LOSSSPIKE_MAX_BYTES_BILLED=3221225472" in str(refused.value) and "\n" not in str(refused.value)
 
 
 # --- issue 17: override rows on BigQuery, and what the earlier tests could not notice -------------
