@@ -569,9 +569,7 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
                     metrics, observed, threshold, edge = fired
                     rows.append(CheckRow(reason, severity, metrics, observed, threshold, quiet, scoped_note, edge))
             checks[loss_reason] = rows
-        out.append(
-            Expectation(cluster, run, reasons, windows, silenced, note, scale, checks, chosen)
-        )
+        out.append(Expectation(cluster, run, reasons, windows, silenced, note, scale, checks, chosen))
     return out
 
 

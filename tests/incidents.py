@@ -13,12 +13,14 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from conftest import NOW
+from conftest import NOW, store_with
 from hypothesis import event
 from hypothesis import strategies as st
 from oracle import Sample
 
-from lossspike.overrides import OverrideRow
+from lossspike.evaluate import evaluate
+from lossspike.overrides import OVERRIDES_TABLE, OverrideRow, write_duckdb
+from lossspike.settings import Settings
 
 KINDS = (
     "clean",
@@ -128,7 +130,9 @@ def samples_of(plan: Plan, now: datetime = NOW) -> list[Sample]:
             out.append(Sample(moment, rng.uniform(0.2, 1.0), plan.run_id, name="grad_norm_total", execution_uid=uid))
     if plan.kind == "restart" and plan.other_metric:
         # A late row of the old attempt, older than the new attempt's newest sample: ignored.
-        out.append(Sample(now - timedelta(minutes=plan.at / 2), 0.5, plan.run_id, name="grad_norm_total", execution_uid=old))
+        out.append(
+            Sample(now - timedelta(minutes=plan.at / 2), 0.5, plan.run_id, name="grad_norm_total", execution_uid=old)
+        )
     return out
 
 
@@ -213,3 +217,52 @@ def loss_overrides(draw, runs: list[str]) -> list[OverrideRow]:
     if rows:
         event(f"overrides: {len(rows)} row(s)")
     return rows
+
+
+# --- evaluating runs, with override rows -------------------------------------------
+
+
+def store_for(samples: list[Sample], overrides: list[OverrideRow] = ()):
+    """The shared in-memory store holding `samples` and exactly `overrides`."""
+    store = store_with(samples)
+    store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+    for row in overrides:
+        write_duckdb(store.connection, OVERRIDES_TABLE, row)
+    return store
+
+
+def rows_for(samples: list[Sample], config: Settings, now=NOW, overrides: list[OverrideRow] = ()) -> list[dict]:
+    store = store_for(samples, overrides)
+    try:
+        return evaluate(store, config, now)
+    finally:
+        store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+
+
+def falling_run(
+    run: str = "hero-a",
+    minutes: int = 150,
+    cadence: float = 10.0,
+    noise: float = 0.01,
+    shift: float = 0.0,
+    shift_age: float = 0.0,
+    seed: int = 1,
+) -> list[Sample]:
+    """A loss falling as a power law, 1.5 h into a run, with an optional shift `shift_age` minutes ago."""
+    rng = random.Random(seed)
+    out = []
+    second = 0.0
+    while second < minutes * 60:
+        moment = NOW - timedelta(minutes=minutes) + timedelta(seconds=second)
+        age = (NOW - moment).total_seconds() / 60
+        elapsed = second / 60
+        value = 2.0 + 2.0 * (1 + elapsed / 10.0) ** -0.5 + rng.gauss(0, noise)
+        if shift and age <= shift_age:
+            value += shift
+        out.append(Sample(moment, value, run))
+        second += cadence
+    return out
+
+
+def loss_row(rows: list[dict], run: str = "hero-a") -> dict:
+    return next(r for r in rows if r["run"] == run and r["metric"] is None)
