@@ -159,3 +159,40 @@ def test_a_floor_set_for_one_run_turns_its_check_on():
 def test_seed_setting_has_no_check_rows():
     samples = falling_run() + metric("grad_norm_total", [9.0] * 5)
     assert [r["reason"] for r in rows_for(samples, seed_settings())] == ["healthy"]
+
+
+def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
+    per_minute = [900.0, 950.0, 1100.0, 800.0, 990.0, 1200.0]
+    samples = falling_run()
+    for k, mean in enumerate(per_minute):
+        moment = NOW - (len(per_minute) - k) * MINUTE + timedelta(seconds=10)
+        samples += [
+            Sample(moment + timedelta(seconds=s), mean + d, "hero-a", name="throughput_tokens_per_second")
+            for s, d in ((0, -5.0), (20, 5.0))
+        ]
+    config = Settings(thresholds=Thresholds(throughput_floor=1000.0))
+    [row] = check_rows(rows_for(samples, config))
+    assert (row["reason"], row["severity"], row["metric"]) == (
+        "throughput_low",
+        "notify",
+        "throughput_tokens_per_second",
+    )
+    assert (row["observed"], row["threshold"]) == (970.0, 1000.0)  # the median of the minute means
+    # Fewer than ten samples in the window say nothing.
+    few = falling_run() + [s for s in samples if s.name != "train_loss"][:9]
+    assert check_rows(rows_for(few, config)) == []
+
+
+def test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric():
+    """A new attempt that has logged only a gradient norm so far is the one the windows read;
+    between equal times the larger UID wins, and NULL loses to any UID."""
+    old = falling_run(minutes=90, shift=0.5, shift_age=6)
+    fresh = Sample(NOW - timedelta(seconds=2), 0.5, "hero-a", name="grad_norm_total", execution_uid="attempt-2")
+    row = rows_for([*old, fresh], Settings())[0]
+    assert (row["reason"], row["baseline_samples"], row["recent_samples"]) == ("warming_up", 0, 0)
+    assert rows_for([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
+    for older, newer in (("attempt-0", "attempt-1"), (None, "attempt-1")):
+        tie = Sample(old[-1].timestamp, 9.0, "hero-a", name="grad_norm_total", execution_uid=older)
+        row = rows_for([*old, tie], Settings())[0]
+        assert row["reason"] == "level_shift", (older, newer)
+        assert check_rows(rows_for([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
