@@ -175,7 +175,7 @@ def plans(draw, run_id: str = "hero-a") -> Plan:
         at,
         extra,
         attempts=draw(st.sampled_from(ATTEMPTS)),
-        noise=draw(st.sampled_from([0.003, 0.01, 0.03])),
+        noise=draw(st.sampled_from([0.003, 0.01, 0.03, 0.08])),
         other_metric=draw(st.booleans()),
     )
 

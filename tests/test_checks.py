@@ -196,3 +196,44 @@ def test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric():
         row = rows_for([*old, tie], Settings())[0]
         assert row["reason"] == "level_shift", (older, newer)
         assert check_rows(rows_for([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
+
+
+def test_notify_checks_read_the_newest_finite_value_of_each_metric():
+    limits = Thresholds(token_drop_limit=0.07, router_entropy_limit=5.92, router_bias_limit=400.0)
+    samples = falling_run()
+    samples += metric("moe_drop_fraction", [0.01, 0.1, math.nan])  # NaN ignored: 0.1 is the newest
+    samples += metric("train_router_routing_entropy_mean", [6.5, 5.5, 6.0])  # 6.0 is not below
+    samples += metric("train_router_bias_max", [300.0]) + metric("train_router_bias_min", [-500.0])
+    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    assert [(r["reason"], r["metric"], r["observed"], r["threshold"]) for r in rows] == [
+        ("token_drops", "moe_drop_fraction", 0.1, 0.07),
+        ("router_bias", "train_router_bias_min", -500.0, 400.0),
+    ]
+    samples += metric("train_router_routing_entropy_mean", [5.0], every=1)
+    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    assert [r["reason"] for r in rows] == ["token_drops", "router_entropy", "router_bias"]
+
+
+def test_an_evaluation_older_than_thirty_minutes_says_nothing():
+    samples = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=20 * 60)
+    assert [r["reason"] for r in check_rows(rows_for(samples, Settings()))] == ["eval_regressed"]
+    stale = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=31 * 60)
+    assert check_rows(rows_for(stale, Settings())) == []
+
+
+def test_loss_jump_fires_beside_a_healthy_loss_row_only():
+    """A noisy baseline keeps a 1.2 nat jump under the band (healthy): loss_jump says so;
+    the same jump on a quiet baseline is a spike, and the loss row alone carries it."""
+    import random
+
+    rng = random.Random(5)
+    noisy = [
+        Sample(NOW - timedelta(seconds=10 * k + 5), 2.5 + rng.gauss(0, 0.4) + (1.2 if k < 30 else 0), "hero-a")
+        for k in range(360)
+    ]
+    rows = rows_for(noisy, Settings(detectors=()))
+    assert rows[0]["reason"] == "healthy"
+    assert [r["reason"] for r in check_rows(rows)] == ["loss_jump"]
+    quiet = [Sample(s.timestamp, 2.5 + (1.2 if NOW - s.timestamp < 5 * MINUTE else 0.0), "hero-a") for s in noisy]
+    rows = rows_for(quiet, Settings(detectors=()))
+    assert rows[0]["reason"] == "spiking" and check_rows(rows) == []

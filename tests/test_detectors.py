@@ -283,3 +283,14 @@ def test_backtest_rows_at_give_the_detectors_reason():
     [result] = backtest(store, Settings(), [NOW], detail=True)
     assert result.runs[0].reason(0) == "level_shift"
     assert [r["reason"] for r in result.rows_at(0)] == ["level_shift"]
+
+
+def test_a_run_back_from_a_long_pause_stays_warming_up():
+    """Too few baseline samples after an hour-long pause: warming_up, whatever the loss did
+    (the detectors judge healthy runs and slow-stepping ones only)."""
+    before = [s for s in falling_run(minutes=200, noise=0.005) if NOW - s.timestamp > 61 * MINUTE]
+    after = [
+        Sample(NOW - timedelta(seconds=10 * k + 5), 3.0, "hero-a") for k in range(48)
+    ]  # the last eight minutes, 0.5 nats higher
+    rows = rows_for(before + after, Settings())
+    assert rows[0]["reason"] == "warming_up" and rows[0]["baseline_samples"] < 20
