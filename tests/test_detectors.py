@@ -197,8 +197,10 @@ def test_a_spike_train_pages_instability():
         age = (NOW - s.timestamp) / MINUTE
         if age < 50 and int(age) % 8 == 0 and (NOW - s.timestamp).seconds % 60 < 10:
             samples[k] = Sample(s.timestamp, s.value + 2.0, "hero-a")
-    row = loss_row(rows_for(samples, Settings()))
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
     assert row["reason"] == "instability" and row["observed"] >= row["threshold"] == 3
+    assert_matches(rows, expect(samples, NOW, Config()))
 
 
 def test_a_slow_divergence_pages_before_the_seed_rule():
@@ -208,8 +210,10 @@ def test_a_slow_divergence_pages_before_the_seed_rule():
         for s in samples
     ]
     assert loss_row(rows_for(samples, seed_settings()))["reason"] == "healthy"
-    row = loss_row(rows_for(samples, Settings()))
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
     assert row["reason"] == "slow_divergence" and row["observed"] > row["threshold"]
+    assert_matches(rows, expect(samples, NOW, Config()))
 
 
 def test_detector_thresholds_come_from_the_runs_override_row():
