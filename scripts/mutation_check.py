@@ -256,7 +256,11 @@ MUTANTS = [
         "lossspike/evaluate.py",
         "    widths = np.where(slow, np.maximum(widths, widened), widths)",
         "    widths = np.where(slow, widths, widths)",
-        [f"{DETECTORS}::test_a_run_at_105_seconds_a_step_pages_a_0_3_shift_within_ten_minutes", *DETECTOR_PROPERTIES],
+        [
+            f"{DETECTORS}::test_a_slow_run_is_judged_on_its_last_three_steps",
+            f"{DETECTORS}::test_a_run_at_105_seconds_a_step_pages_a_0_3_shift_within_ten_minutes",
+            *DETECTOR_PROPERTIES,
+        ],
     ),
     Mutant(
         "beyond seed: the detectors judge every warming_up run",

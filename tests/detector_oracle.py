@@ -614,10 +614,10 @@ def assert_matches(rows: list[dict], wanted: list[Expectation]) -> None:
         assert got["severity"] == ("page" if pages else ""), (where, got["severity"])
         assert got["value"] == int(pages and not want.silenced), (where, got["value"], want.silenced)
         assert bool(got["silenced"]) == want.silenced and got["note"] == want.note, (where, got["silenced"])
-        fired = want.reasons[got["reason"]]
-        if fired is not None:
-            assert _same(got["observed"], fired[0], want.scale), (where, "observed", got["observed"], fired)
-            assert _same(got["threshold"], fired[1], want.scale), (where, "threshold", got["threshold"], fired)
+        fired = want.reasons[got["reason"]] or (None, None)
+        assert got["metric"] is None, (where, got["metric"])
+        assert _same(got["observed"], fired[0], want.scale), (where, "observed", got["observed"], fired)
+        assert _same(got["threshold"], fired[1], want.scale), (where, "threshold", got["threshold"], fired)
         assert_checks(where, checks, want.checks[got["reason"]], want.scale)
 
 

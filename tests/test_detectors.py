@@ -298,3 +298,31 @@ def test_a_run_back_from_a_long_pause_stays_warming_up():
     ]  # the last eight minutes, 0.5 nats higher
     rows = rows_for(before + after, Settings())
     assert rows[0]["reason"] == "warming_up" and rows[0]["baseline_samples"] < 20
+
+
+def test_a_slow_run_is_judged_on_its_last_three_steps():
+    """At 120 s a step the last five minutes hold two losses: the window widens to three.
+    Two shifted steps are not yet a level; the third makes one."""
+    import random
+
+    rng = random.Random(7)
+
+    def run(now):
+        ages = [1.5 + 2 * j for j in range(60)]
+        return [
+            Sample(
+                now - timedelta(minutes=a),
+                2.0 + rng.gauss(0, 0.005) + (0.3 if a <= 4 + (now - NOW) / MINUTE else 0),
+                "hero-a",
+            )
+            for a in ages
+        ]
+
+    first = run(NOW)
+    row = rows_for(first, Settings())[0]
+    assert (row["reason"], row["recent_samples"]) == ("warming_up", 2)
+    assert_matches(rows_for(first, Settings()), expect(first, NOW, Config()))
+    later = run(NOW + 2 * MINUTE)
+    rows = rows_for(later, Settings(), NOW + 2 * MINUTE)
+    assert rows[0]["reason"] == "level_shift"
+    assert_matches(rows, expect(later, NOW + 2 * MINUTE, Config()))
