@@ -27,7 +27,7 @@ from lossspike.sql import Selection
 
 MINUTE = timedelta(minutes=1)
 # Hypothesis examples per property: each stays well under a minute on two shared cores.
-EXAMPLES = 40
+EXAMPLES = 80
 PROPERTY = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -98,7 +98,7 @@ def test_each_detector_alone_and_every_attempt_match_the_oracle(case, switch):
     assert_matches(rows, expect(samples, NOW, Config(**switch)))
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=fleets())
 def test_seed_setting_gives_the_seed_rows(case):
     """`--detectors none --attempts all --checks none`: the seed oracle's rows exactly."""
@@ -110,7 +110,7 @@ def test_seed_setting_gives_the_seed_rows(case):
 # --- the backtest judges as the tick does ---------------------------------------------
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=fleets(), count=st.integers(2, 6), every=st.sampled_from([1, 3, 7]))
 def test_backtest_equals_evaluate_at_every_tick(case, count, every):
     """Default settings, random histories with restarts: the backtest's verdict at every tick
