@@ -434,8 +434,8 @@ class Expectation:
     scale: float
     # Per acceptable loss reason, the check rows (the loss reason feeds loss_jump).
     checks: dict[str, list[CheckRow]]
+    # The attempt the checks (and with attempts=newest, the loss windows) read.
     attempt: str | None = None
-    events: list[str] = field(default_factory=list)
 
 
 def _seed_windows(grid: list[Minute], recent: int) -> dict[str, Any]:
