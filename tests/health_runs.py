@@ -71,6 +71,8 @@ class HealthRun:
     # Minutes before now where a new attempt took over (0: one attempt).
     restart: float
     uids: tuple[str | None, str | None]
+    # A sample of another metric from the old attempt at the newest sample's very time: a tie.
+    tie: bool = False
 
 
 def samples_of(run: HealthRun) -> list[Sample]:
@@ -100,6 +102,9 @@ def samples_of(run: HealthRun) -> list[Sample]:
             moment = NOW - timedelta(minutes=age) + timedelta(microseconds=rng.randint(0, 999))
             out.append(Sample(moment, value, run.run_id, name=name, execution_uid=uid(age)))
             age -= stream.every / 60.0
+    if run.tie:
+        newest = max(out, key=lambda s: s.timestamp)
+        out.append(Sample(newest.timestamp, 1.0, run.run_id, name="other_metric", execution_uid=old))
     return out
 
 
@@ -127,9 +132,11 @@ def health_runs(draw, run_id: str = "hero-a") -> HealthRun:
     if not keys:
         event("check metrics: none")
     chosen = tuple(draw(streams(key)) for key in sorted(keys))
-    restart = draw(st.sampled_from([0.0, 0.0, 2.0, 8.0, 20.0]))
+    # 0.1: the new attempt may not have logged a loss yet, only other metrics.
+    restart = draw(st.sampled_from([0.0, 0.0, 0.1, 2.0, 8.0, 20.0]))
+    tie = bool(restart) and draw(st.booleans())
     if restart:
-        event("attempt change")
+        event("attempt change" + (" with a tie" if tie else ""))
     return HealthRun(
         run_id,
         draw(st.integers(0, 2**32)),
@@ -138,6 +145,7 @@ def health_runs(draw, run_id: str = "hero-a") -> HealthRun:
         loss_jump=draw(st.sampled_from([0.0, 0.0, 1.2])),
         restart=restart,
         uids=draw(st.sampled_from([("e1", "e2"), ("b", "a"), (None, "x")])),
+        tie=tie,
     )
 
 
