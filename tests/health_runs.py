@@ -35,7 +35,7 @@ METRICS = {
     "token_drops": ("moe_drop_fraction", 0.07, 0.02),
     "router_entropy": ("train_router_routing_entropy_mean", 5.92, 0.1),
     "router_bias_max": ("train_router_bias_max", 380.0, 60.0),
-    "router_bias_min": ("train_router_bias_min", -380.0, 60.0),
+    "router_bias_min": ("train_router_bias_min", -420.0, 80.0),
 }
 # Per check reason: the threshold an override row may set for its row alone.
 CHECK_OVERRIDES = {
@@ -96,7 +96,9 @@ def samples_of(run: HealthRun) -> list[Sample]:
                 value = float(rng.random() < 0.15)
             else:
                 value = typical + rng.uniform(-spread, spread)
-            if rng.random() < stream.nan_rate:
+            # Non-finite values now and then, and the newest one half the time.
+            last = age - stream.every / 60.0 <= stream.stop
+            if rng.random() < stream.nan_rate or (last and stream.nan_rate and rng.random() < 0.5):
                 value = rng.choice([math.nan, math.inf, -math.inf, 1e200])
             # Microseconds apart from any other sample of the metric: the newest is one sample.
             moment = NOW - timedelta(minutes=age) + timedelta(microseconds=rng.randint(0, 999))
@@ -113,7 +115,7 @@ def streams(draw, key: str) -> Stream:
     if key == "eval":
         start = draw(st.sampled_from([40.0, 200.0, 26 * 60.0]))
         every = draw(st.sampled_from([120.0, 600.0, 1200.0, 3600.0]))
-        stop = draw(st.sampled_from([0.0, 10.0, 29.0, 31.0, 100.0]))
+        stop = draw(st.sampled_from([0.0, 10.0, 29.0, 31.0, 45.0, 100.0]))
     else:
         start = draw(st.sampled_from([5.0, 14.0, 20.0, 40.0]))
         every = draw(st.sampled_from([10.0, 30.0, 60.0, 120.0]))
