@@ -274,7 +274,7 @@ MUTANTS = [
         "lossspike/minutes.py",
         "    order = np.lexsort((attempt, times, run))",
         "    order = np.lexsort((-attempt, times, run))",
-        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric", *DETECTOR_PROPERTIES],
+        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: newest attempt from the loss samples only",
