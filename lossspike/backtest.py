@@ -110,6 +110,9 @@ class RunHistory:
     windows: list[LossWindows | None] | None = None
     jobs: list[str] | None = None
     policies: list[RunPolicy | None] | None = None
+    # Per tick where a detector fired: what it observed and the limit (NaN elsewhere).
+    observed: np.ndarray | None = None
+    limits: np.ndarray | None = None
 
     def reason(self, tick: int) -> str | None:
         code = int(self.codes[tick])
@@ -154,7 +157,17 @@ class Backtest:
                 enrolled.append(EnrolledRun(history.cluster, history.run, history.jobs[tick], windows))
                 if policy is not None:
                     policies[(history.cluster, history.run)] = policy
-        return alert_rows(enrolled, self.ticks[tick], self.thresholds, policies)
+        rows = alert_rows(enrolled, self.ticks[tick], self.thresholds, policies)
+        # The seed rule's rows, then the detectors' verdicts the backtest judged at that tick.
+        by_run = {(h.cluster, h.run): h for h in self.runs}
+        for row in rows:
+            history = by_run.get((row["cluster"], row["run"]))
+            reason = None if history is None else history.reason(tick)
+            if history is not None and reason in DETECTORS:
+                row.update(reason=reason, value=int(not row["silenced"]), severity="page")
+                if history.observed is not None and history.limits is not None:
+                    row.update(observed=float(history.observed[tick]), threshold=float(history.limits[tick]))
+        return rows
 
     def episodes(self) -> list[Episode]:
         """Every page: maximal runs of consecutive unsilenced paging ticks of a run, by run then time.
@@ -483,10 +496,11 @@ def _detections(
             sigma, rise = limits["instability_sigma"][g], limits["instability_min_rise"][g]
             for value in sorted({(float(a), float(b)) for a, b in zip(sigma, rise, strict=True)}):
                 at = (sigma == value[0]) & (rise == value[1])
-                first = detectors.episode_starts(detectors.excursions(one, *value), data[g : g + 1])
-                counted = _window_sum(
-                    first.astype(np.int64), np.minimum(starts + detectors.REFERENCE_MINUTES, ends), ends
-                )[0]
+                marked = detectors.excursions(one, *value)
+                first = detectors.episode_starts(marked, data[g : g + 1])
+                window = np.minimum(starts + detectors.REFERENCE_MINUTES, ends)
+                counted = _window_sum(first.astype(np.int64), window, ends)[0].astype(float)
+                counted += _continued_into(marked[0], data[g], window, ends)
                 seen[g, at] = counted[at]
         count = limits["instability_count"]
         found[INSTABILITY] = detectors.Finding(seen >= count, seen, count)
@@ -513,6 +527,20 @@ def _detections(
         if parts:
             found[name] = detectors.Finding(*(np.concatenate(f, axis=1) for f in zip(*parts, strict=True)))
     return found
+
+
+def _continued_into(marked: np.ndarray, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per window [start, end): 1 where its first minute with data is an excursion continuing one
+    before the window. The tick sees no excursion before its window, so there it starts an episode."""
+    width = len(data)
+    idx = np.arange(width)
+    following = np.minimum.accumulate(np.where(data, idx, width)[::-1])[::-1]
+    first = np.append(following, width)[np.minimum(starts, width)]
+    inside = first < ends
+    before = np.maximum.accumulate(np.where(data, idx, -1))
+    earlier = np.where(first > 0, np.append(-1, before)[np.minimum(first, width)], -1)
+    hit = inside & (earlier >= 0) & marked[np.minimum(first, width - 1)] & marked[np.maximum(earlier, 0)]
+    return hit.astype(float)
 
 
 def _history_blocks(grid: Partial, starts: np.ndarray, t: Thresholds) -> tuple[np.ndarray, np.ndarray]:
@@ -622,6 +650,8 @@ def _judge(
     kept_jobs: list[str] | None = [""] * ticks if detail else None
     kept_policies: list[RunPolicy | None] | None = [None] * ticks if detail else None
     silenced = np.zeros(ticks, dtype=bool)
+    observed = np.full(ticks, np.nan)
+    limits = np.full(ticks, np.nan)
     enrolled = np.flatnonzero(run_windows["enrolled"][row])
     group = chosen[enrolled]
     has = group >= 0
@@ -677,7 +707,8 @@ def _judge(
                     finding = found["wide" if slow and name == LEVEL_SHIFT else name]
                     if finding.fired[g, tick]:
                         reason = name
-                        margins[tick] = finding.observed[g, tick] - finding.limit[g, tick]
+                        observed[tick], limits[tick] = finding.observed[g, tick], finding.limit[g, tick]
+                        margins[tick] = observed[tick] - limits[tick]
                         break
         codes[tick] = _CODES[reason]
         silenced[tick] = policy.silenced
@@ -688,4 +719,4 @@ def _judge(
             kept_policies[tick] = policy
             job_row = int(run_windows["job_row"][row, tick])
             kept_jobs[tick] = jobs[job_row] if job_row >= 0 else ""
-    return RunHistory(key[0], key[1], codes, margins, silenced, kept, kept_jobs, kept_policies)
+    return RunHistory(key[0], key[1], codes, margins, silenced, kept, kept_jobs, kept_policies, observed, limits)

@@ -36,6 +36,16 @@ HOSTILE_UNUSABLE = "tests/test_hostile.py::test_an_unusable_override_row_pages_e
 HOSTILE_ARGUMENTS = "tests/test_hostile.py::test_arguments_out_of_range_are_usage_errors_naming_the_range"
 INDEXED = "tests/test_overrides.py::test_indexed_matching_equals_trying_every_pattern"
 ROLLUP_CLOUD = "tests/test_rollup_cloud.py"
+# The detectors' and checks' oracle tests (tests/detector_oracle.py); a mutant lists the
+# example test that should catch it first, so -x stops before any property test shrinks.
+DETECTORS = "tests/test_detectors.py"
+CHECKS = "tests/test_checks.py"
+DETECTOR_PROPERTIES = [
+    f"{DETECTORS}::test_default_settings_match_the_oracle",
+    f"{DETECTORS}::test_per_run_override_thresholds_match_the_oracle",
+    f"{DETECTORS}::test_each_detector_alone_and_every_attempt_match_the_oracle",
+]
+CHECK_PROPERTIES = [f"{CHECKS}::test_checks_match_the_oracle"]
 
 
 @dataclass(frozen=True)
@@ -403,6 +413,154 @@ MUTANTS = [
         'if "lock" not in str(error).lower():',
         "if True:",
         ["tests/test_hostile.py::test_a_silence_while_the_local_function_holds_the_file_says_what_to_do"],
+    ),
+    # --- beyond seed: the detectors, the newest attempt and the run-health checks (issues 18, 15) ---
+    Mutant(
+        "beyond seed: level_shift's level is the whole baseline's median",
+        "lossspike/detectors.py",
+        "    near = base & (idx >= (minutes - width - LEVEL_MINUTES)[..., None])",
+        "    near = base",
+        [
+            f"{DETECTORS}::test_a_shift_of_0_3_nats_ninety_minutes_into_a_falling_run_pages_level_shift",
+            *DETECTOR_PROPERTIES,
+        ],
+    ),
+    Mutant(
+        "beyond seed: level_shift observes the recent peak minute, not the lowest",
+        "lossspike/detectors.py",
+        "observed = _quiet(np.nanmin, np.where(recent & data, means, np.nan), axis=-1)",
+        "observed = _quiet(np.nanmax, np.where(recent & data, means, np.nan), axis=-1)",
+        [f"{DETECTORS}::test_oracle_catches_a_wrong_threshold", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: slow_divergence compares with the mean block, not the best",
+        "lossspike/detectors.py",
+        "    best = _quiet(np.nanmin, blocks, axis=-1)",
+        "    best = _quiet(np.nanmean, blocks, axis=-1)",
+        [f"{DETECTORS}::test_a_slow_divergence_pages_before_the_seed_rule", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: slow_divergence's level over five minutes, not ten",
+        "lossspike/detectors.py",
+        "    tail = means[..., minutes - LEVEL_MINUTES :]",
+        "    tail = means[..., minutes - 5 :]",
+        [f"{DETECTORS}::test_a_slow_divergence_pages_before_the_seed_rule", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: instability counts excursion minutes, not episodes",
+        "lossspike/detectors.py",
+        "    starts = episode_starts(excursions(grid, sigma, min_rise), grid.n > 0)",
+        "    starts = excursions(grid, sigma, min_rise)",
+        [f"{DETECTORS}::test_three_excursions_in_the_hour_page_instability", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: instability's spread always between minutes",
+        "lossspike/detectors.py",
+        "    scale = np.nan_to_num(np.where(np.isfinite(within), within, between))",
+        "    scale = np.nan_to_num(between)",
+        DETECTOR_PROPERTIES,
+    ),
+    Mutant(
+        "beyond seed: a slow-stepping run's window is not widened",
+        "lossspike/evaluate.py",
+        "    widths = np.where(slow, np.maximum(widths, widened), widths)",
+        "    widths = np.where(slow, widths, widths)",
+        [
+            f"{DETECTORS}::test_a_slow_run_is_judged_on_its_last_three_steps",
+            f"{DETECTORS}::test_a_run_at_105_seconds_a_step_pages_a_0_3_shift_within_ten_minutes",
+            *DETECTOR_PROPERTIES,
+        ],
+    ),
+    Mutant(
+        "beyond seed: the detectors judge every warming_up run",
+        "lossspike/evaluate.py",
+        "        if reason == HEALTHY or (reason == WARMING_UP and slow[i]):",
+        "        if reason in (HEALTHY, WARMING_UP):",
+        [f"{DETECTORS}::test_a_run_back_from_a_long_pause_stays_warming_up", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: newest attempt ties go to the smaller UID",
+        "lossspike/minutes.py",
+        "    order = np.lexsort((attempt, times, run))",
+        "    order = np.lexsort((-attempt, times, run))",
+        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: newest attempt from the loss samples only",
+        "lossspike/minutes.py",
+        '    chosen = newest_attempt(run, hour_codes, micros(hour_rows, "sample_at"), size)',
+        '    chosen = newest_attempt(run, hour_codes, micros(hour_rows, "last_loss_at"), size)',
+        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: checks read every attempt",
+        "lossspike/minutes.py",
+        "            if who >= 0 and code == chosen[who]:\n                check_rows[who]",
+        "            if who >= 0:\n                check_rows[who]",
+        [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: grad_norm_high ignores a non-finite newest value",
+        "lossspike/checks.py",
+        "        if _bad(metric.last) or metric.last > limit:",
+        "        if metric.last > limit:",
+        [f"{CHECKS}::test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: steps_skipped needs more than the limit",
+        "lossspike/checks.py",
+        "    if total >= limit:",
+        "    if total > limit:",
+        [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: eval_regressed on a stale evaluation",
+        "lossspike/minutes.py",
+        "            evals[i] = kept if found and found[0][2] >= fresh_from else []",
+        "            evals[i] = kept",
+        [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: throughput_low observes the mean of the minute means",
+        "lossspike/checks.py",
+        "        return Fired(reason, CHECKS[reason][0], data.names[key], _median(means), floor)",
+        "        return Fired(reason, CHECKS[reason][0], data.names[key], sum(means) / len(means), floor)",
+        [f"{CHECKS}::test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: token_drops reads a non-finite newest value",
+        "lossspike/checks.py",
+        "    value = metric.last_finite\n",
+        "    value = metric.last\n",
+        [f"{CHECKS}::test_notify_checks_read_the_newest_finite_value_of_each_metric", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: router_bias reads the upper bound only",
+        "lossspike/checks.py",
+        '        for key in ("router_bias_max", "router_bias_min")',
+        '        for key in ("router_bias_max",)',
+        [f"{CHECKS}::test_notify_checks_read_the_newest_finite_value_of_each_metric", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: router_entropy fires above the limit",
+        "lossspike/checks.py",
+        "    if metric.last_finite < limit:",
+        "    if metric.last_finite > limit:",
+        [f"{CHECKS}::test_notify_checks_read_the_newest_finite_value_of_each_metric", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: loss_jump fires beside any loss reason",
+        "lossspike/checks.py",
+        "    if loss_reason != HEALTHY or windows.recent_floor is None",
+        "    if windows.recent_floor is None",
+        [f"{CHECKS}::test_loss_jump_fires_beside_a_healthy_loss_row_only", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: a check's row takes the loss row's overrides",
+        "lossspike/evaluate.py",
+        "            scoped = _policy(read.overrides, key, now, t, check) if read.overrides else policy",
+        "            scoped = policy",
+        [f"{CHECKS}::test_a_checks_threshold_comes_from_its_scoped_override_row", *CHECK_PROPERTIES],
     ),
 ]
 

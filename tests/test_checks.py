@@ -1,0 +1,233 @@
+"""The run-health checks against an independent oracle, and what a user sees of them.
+
+tests/detector_oracle.py recomputes each check of SPEC.md's table from raw samples;
+tests/health_runs.py generates runs publishing the metrics (attempt changes, stale newest
+values, too few samples, NaN values, metrics absent) and override rows scoped to one check.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from conftest import NOW, seed_settings
+from detector_oracle import Config, assert_matches, expect
+from health_runs import ALL_LIMITS, check_overrides, health_runs, samples_of
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from incidents import falling_run, rows_for
+from oracle import Sample
+
+from lossspike.overrides import OverrideRow
+from lossspike.rule import Thresholds
+from lossspike.settings import Settings
+
+MINUTE = timedelta(minutes=1)
+PROPERTY = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+CHECK_LISTS = st.sampled_from([None, None, ("grad_norm_high", "steps_skipped", "throughput_low"), ("router_bias",)])
+
+
+def reported(rows: list[dict]) -> None:
+    for row in rows:
+        if row["metric"] is not None:
+            event(f"check row: {row['reason']}{' (silenced)' if row['silenced'] else ''}")
+
+
+@PROPERTY
+@given(data=st.data(), limits=st.sampled_from([Thresholds(), ALL_LIMITS]), listed=CHECK_LISTS)
+def test_checks_match_the_oracle(data, limits, listed):
+    runs = [data.draw(health_runs("hero-a"))]
+    if data.draw(st.booleans()):
+        runs.append(data.draw(health_runs("hero-b")))
+    samples = [s for run in runs for s in samples_of(run)]
+    # A model-specific threshold set for one run only turns its check on (tested below).
+    overrides = data.draw(check_overrides([r.run_id for r in runs], model_specific=limits is ALL_LIMITS))
+    config = Settings(thresholds=limits, checks=listed)
+    rows = rows_for(samples, config, NOW, overrides)
+    reported(rows)
+    assert_matches(rows, expect(samples, NOW, Config(thresholds=limits, checks=listed), overrides))
+
+
+# --- what a user sees -------------------------------------------------------------------
+
+
+def metric(name: str, values: list[float], run: str = "hero-a", every: float = 30.0, uid: str = "attempt-1"):
+    """`values` of one metric, the last one `every` seconds before now, oldest first."""
+    count = len(values)
+    return [
+        Sample(NOW - timedelta(seconds=every * (count - i)), v, run, name=name, execution_uid=uid)
+        for i, v in enumerate(values)
+    ]
+
+
+def check_rows(rows: list[dict], run: str = "hero-a") -> list[dict]:
+    return [r for r in rows if r["run"] == run and r["metric"] is not None]
+
+
+def test_a_run_without_the_extra_metrics_gets_no_check_row():
+    samples = falling_run() + falling_run("hero-b", seed=2) + metric("grad_norm_total", [2.5] * 5, "hero-b")
+    rows = rows_for(samples, Settings(thresholds=ALL_LIMITS, checks=None))
+    assert [r["reason"] for r in rows if r["run"] == "hero-a"] == ["healthy"]
+    assert [(r["reason"], r["observed"], r["threshold"]) for r in check_rows(rows, "hero-b")] == [
+        ("grad_norm_high", 2.5, 2.0)
+    ]
+
+
+def test_checks_none_gives_exactly_the_loss_rows():
+    samples = falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("optim_skipped_step", [1.0] * 6)
+    everything = rows_for(samples, Settings())
+    assert {r["reason"] for r in check_rows(everything)} == {"grad_norm_high", "steps_skipped"}
+    loss_only = rows_for(samples, Settings(checks=()))
+    assert loss_only == [everything[0]]
+
+
+def test_a_silenced_runs_check_rows_keep_reason_and_severity_with_value_0():
+    samples = (
+        falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("eval_paloma_macro_loss", [3.0, 3.2], every=600)
+    )
+    silence = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, note="ablation")
+    rows = check_rows(rows_for(samples, Settings(), overrides=[silence]))
+    assert [(r["reason"], r["severity"], r["value"], r["silenced"], r["note"]) for r in rows] == [
+        ("grad_norm_high", "page", 0, True, "ablation"),
+        ("eval_regressed", "notify", 0, True, "ablation"),
+    ]
+    # eval_regressed reports the newest evaluation and the one before it.
+    assert (rows[1]["observed"], rows[1]["threshold"]) == (3.2, 3.0)
+
+
+def test_an_override_scoped_to_loss_silences_the_loss_row_only():
+    samples = falling_run(minutes=90, shift=0.3, shift_age=6) + metric("grad_norm_total", [9.0] * 5)
+    scoped = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, reason="loss")
+    loss, check = rows_for(samples, Settings(), overrides=[scoped])
+    assert (loss["reason"], loss["value"], loss["silenced"]) == ("level_shift", 0, True)
+    assert (check["reason"], check["value"], check["silenced"]) == ("grad_norm_high", 1, False)
+    # And one scoped to a check silences that check's row only.
+    scoped = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, reason="grad_norm_high")
+    loss, check = rows_for(samples, Settings(), overrides=[scoped])
+    assert (loss["value"], check["value"], check["silenced"]) == (1, 0, True)
+
+
+def test_a_checks_threshold_comes_from_its_scoped_override_row():
+    samples = falling_run() + metric("grad_norm_total", [1.5] * 5)
+    assert check_rows(rows_for(samples, Settings())) == []
+    tighter = OverrideRow("hero-a", NOW - 5 * MINUTE, grad_norm_limit=1.0, reason="grad_norm_high")
+    [row] = check_rows(rows_for(samples, Settings(), overrides=[tighter]))
+    assert (row["reason"], row["observed"], row["threshold"]) == ("grad_norm_high", 1.5, 1.0)
+    # A row scoped to another check leaves this one alone.
+    other = OverrideRow("hero-a", NOW - 5 * MINUTE, grad_norm_limit=1.0, reason="steps_skipped")
+    assert check_rows(rows_for(samples, Settings(), overrides=[other])) == []
+
+
+def test_skipped_steps_of_the_previous_attempt_do_not_count():
+    """A retry keeps the run ID and takes a new UID: its skips do not add to the last attempt's."""
+    samples = falling_run() + metric("optim_skipped_step", [1.0, 1.0], every=120, uid="attempt-1")
+    samples += metric("optim_skipped_step", [1.0, 1.0], every=30, uid="attempt-2")
+    samples += metric("grad_norm_total", [0.5], every=5, uid="attempt-2")
+    assert check_rows(rows_for(samples, Settings())) == []
+    samples += metric("optim_skipped_step", [1.0], every=10, uid="attempt-2")
+    [row] = check_rows(rows_for(samples, Settings()))
+    assert (row["reason"], row["observed"], row["threshold"]) == ("steps_skipped", 3.0, 3.0)
+
+
+def test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not():
+    samples = falling_run() + metric("grad_norm_total", [1.0, math.nan])
+    [row] = check_rows(rows_for(samples, Settings()))
+    assert row["reason"] == "grad_norm_high" and row["severity"] == "page"
+    stale = falling_run() + [Sample(NOW - 16 * MINUTE, 9.0, "hero-a", name="grad_norm_total")]
+    assert check_rows(rows_for(stale, Settings())) == []
+
+
+def test_a_floor_set_for_one_run_turns_its_check_on():
+    """SPEC: a model-specific check "is on once its threshold is set", and each threshold is an
+    override column: a floor set for one run turns that run's check on."""
+    samples = falling_run() + metric("throughput_mfu", [39.0] * 12, every=20)
+    floor = OverrideRow("hero-a", NOW - 5 * MINUTE, mfu_floor=50.0, reason="mfu_low")
+    rows = check_rows(rows_for(samples, Settings(), overrides=[floor]))
+    assert [(r["reason"], r["severity"], r["observed"], r["threshold"]) for r in rows] == [
+        ("mfu_low", "notify", 39.0, 50.0)
+    ]
+
+
+def test_seed_setting_has_no_check_rows():
+    samples = falling_run() + metric("grad_norm_total", [9.0] * 5)
+    assert [r["reason"] for r in rows_for(samples, seed_settings())] == ["healthy"]
+
+
+def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
+    per_minute = [900.0, 950.0, 1100.0, 800.0, 990.0, 1200.0]
+    samples = falling_run()
+    for k, mean in enumerate(per_minute):
+        moment = NOW - (len(per_minute) - k) * MINUTE + timedelta(seconds=10)
+        samples += [
+            Sample(moment + timedelta(seconds=s), mean + d, "hero-a", name="throughput_tokens_per_second")
+            for s, d in ((0, -5.0), (20, 5.0))
+        ]
+    config = Settings(thresholds=Thresholds(throughput_floor=1000.0))
+    [row] = check_rows(rows_for(samples, config))
+    assert (row["reason"], row["severity"], row["metric"]) == (
+        "throughput_low",
+        "notify",
+        "throughput_tokens_per_second",
+    )
+    assert (row["observed"], row["threshold"]) == (970.0, 1000.0)  # the median of the minute means
+    # Fewer than ten samples in the window say nothing.
+    few = falling_run() + [s for s in samples if s.name != "train_loss"][:9]
+    assert check_rows(rows_for(few, config)) == []
+
+
+def test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric():
+    """A new attempt that has logged only a gradient norm so far is the one the windows read;
+    between equal times the larger UID wins, and NULL loses to any UID."""
+    old = falling_run(minutes=90, shift=0.5, shift_age=6)
+    fresh = Sample(NOW - timedelta(seconds=2), 0.5, "hero-a", name="grad_norm_total", execution_uid="attempt-2")
+    row = rows_for([*old, fresh], Settings())[0]
+    assert (row["reason"], row["baseline_samples"], row["recent_samples"]) == ("warming_up", 0, 0)
+    assert rows_for([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
+    for older, newer in (("attempt-0", "attempt-1"), (None, "attempt-1")):
+        tie = Sample(old[-1].timestamp, 9.0, "hero-a", name="grad_norm_total", execution_uid=older)
+        row = rows_for([*old, tie], Settings())[0]
+        assert row["reason"] == "level_shift", (older, newer)
+        assert check_rows(rows_for([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
+
+
+def test_notify_checks_read_the_newest_finite_value_of_each_metric():
+    limits = Thresholds(token_drop_limit=0.07, router_entropy_limit=5.92, router_bias_limit=400.0)
+    samples = falling_run()
+    samples += metric("moe_drop_fraction", [0.01, 0.1, math.nan])  # NaN ignored: 0.1 is the newest
+    samples += metric("train_router_routing_entropy_mean", [6.5, 5.5, 6.0])  # 6.0 is not below
+    samples += metric("train_router_bias_max", [300.0]) + metric("train_router_bias_min", [-500.0])
+    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    assert [(r["reason"], r["metric"], r["observed"], r["threshold"]) for r in rows] == [
+        ("token_drops", "moe_drop_fraction", 0.1, 0.07),
+        ("router_bias", "train_router_bias_min", -500.0, 400.0),
+    ]
+    samples += metric("train_router_routing_entropy_mean", [5.0], every=1)
+    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    assert [r["reason"] for r in rows] == ["token_drops", "router_entropy", "router_bias"]
+
+
+def test_an_evaluation_older_than_thirty_minutes_says_nothing():
+    samples = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=20 * 60)
+    assert [r["reason"] for r in check_rows(rows_for(samples, Settings()))] == ["eval_regressed"]
+    stale = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=31 * 60)
+    assert check_rows(rows_for(stale, Settings())) == []
+
+
+def test_loss_jump_fires_beside_a_healthy_loss_row_only():
+    """A noisy baseline keeps a 1.2 nat jump under the band (healthy): loss_jump says so;
+    the same jump on a quiet baseline is a spike, and the loss row alone carries it."""
+    import random
+
+    rng = random.Random(5)
+    noisy = [
+        Sample(NOW - timedelta(seconds=10 * k + 5), 2.5 + rng.gauss(0, 0.4) + (1.2 if k < 30 else 0), "hero-a")
+        for k in range(360)
+    ]
+    rows = rows_for(noisy, Settings(detectors=()))
+    assert rows[0]["reason"] == "healthy"
+    assert [r["reason"] for r in check_rows(rows)] == ["loss_jump"]
+    quiet = [Sample(s.timestamp, 2.5 + (1.2 if NOW - s.timestamp < 5 * MINUTE else 0.0), "hero-a") for s in noisy]
+    rows = rows_for(quiet, Settings(detectors=()))
+    assert rows[0]["reason"] == "spiking" and check_rows(rows) == []

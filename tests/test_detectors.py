@@ -1,0 +1,323 @@
+"""The detectors beyond the seed rule against an independent oracle, and the cases a user knows.
+
+tests/detector_oracle.py recomputes every detector from raw samples; the property tests
+generate runs with each incident kind (tests/incidents.py) and compare `evaluate` on
+DuckDB with it row by row, with the default settings and with per-run override rows.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from conftest import NOW, seed_settings
+from detector_oracle import Config, assert_matches, expect
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from incidents import Plan, falling_run, loss_overrides, loss_row, plans, rows_for, samples_of, store_for
+from oracle import Sample, assert_rows_match, expected
+
+from lossspike.backtest import backtest, tick_times
+from lossspike.evaluate import evaluate
+from lossspike.overrides import OverrideRow
+from lossspike.rule import Thresholds
+from lossspike.settings import Settings
+from lossspike.sql import Selection
+
+MINUTE = timedelta(minutes=1)
+# Hypothesis examples per property: each stays well under a minute on two shared cores.
+EXAMPLES = 80
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def reported(rows: list[dict]) -> None:
+    for row in rows:
+        event(f"row: {row['reason']}")
+
+
+@st.composite
+def fleets(draw) -> list[Plan]:
+    """One or two runs, each with its own incident (plans, so a failure prints small)."""
+    runs = ["hero-a"] if draw(st.booleans()) else ["hero-a", "hero-b"]
+    return [draw(plans(run)) for run in runs]
+
+
+def telemetry(chosen: list[Plan]) -> list[Sample]:
+    return [s for p in chosen for s in samples_of(p)]
+
+
+# A tick's `now` need not be a whole minute on the command line: minutes count back from it.
+NOWS = st.sampled_from([NOW, NOW, NOW + timedelta(seconds=17, microseconds=300), NOW - timedelta(seconds=59)])
+
+
+@PROPERTY
+@given(case=fleets(), now=NOWS)
+def test_default_settings_match_the_oracle(case, now):
+    samples = telemetry(case)
+    rows = rows_for(samples, Settings(), now)
+    reported(rows)
+    assert_matches(rows, expect(samples, now, Config()))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_per_run_override_thresholds_match_the_oracle(data):
+    chosen = data.draw(fleets())
+    samples = telemetry(chosen)
+    overrides = data.draw(loss_overrides([p.run_id for p in chosen]))
+    rows = rows_for(samples, Settings(), NOW, overrides)
+    reported(rows)
+    assert_matches(rows, expect(samples, NOW, Config(), overrides))
+
+
+SWITCHES = st.sampled_from(
+    [
+        dict(detectors=("level_shift",)),
+        dict(detectors=("slow_divergence",)),
+        dict(detectors=("instability",)),
+        dict(detectors=("slow_divergence", "instability")),
+        dict(attempts="all"),
+        dict(checks=()),
+    ]
+)
+
+
+@PROPERTY
+@given(case=fleets(), switch=SWITCHES)
+def test_each_detector_alone_and_every_attempt_match_the_oracle(case, switch):
+    """One detector at a time: a detector that fires where an earlier one hid it is seen too."""
+    samples = telemetry(case)
+    event(f"switch: {switch}")
+    rows = rows_for(samples, Settings(**switch))
+    reported(rows)
+    assert_matches(rows, expect(samples, NOW, Config(**switch)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=fleets())
+def test_seed_setting_gives_the_seed_rows(case):
+    """`--detectors none --attempts all --checks none`: the seed oracle's rows exactly."""
+    samples = telemetry(case)
+    rows = rows_for(samples, seed_settings())
+    assert_rows_match(rows, expected(samples, NOW, Thresholds(), Selection()))
+
+
+# --- the backtest judges as the tick does ---------------------------------------------
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=fleets(), count=st.integers(2, 6), every=st.sampled_from([1, 3, 7]))
+def test_backtest_equals_evaluate_at_every_tick(case, count, every):
+    """Default settings, random histories with restarts: the backtest's verdict at every tick
+    is evaluate's loss row."""
+    samples = telemetry(case)
+    store = store_for(samples)
+    ticks = tick_times(NOW - (count - 1) * every * MINUTE, NOW, every)
+    [result] = backtest(store, Settings(), ticks)
+    for i, tick in enumerate(ticks):
+        want = {(r["cluster"], r["run"]): r for r in evaluate(store, Settings(), tick) if r["severity"] != "notify"}
+        got = {}
+        for history in result.runs:
+            reason = history.reason(i)
+            if reason is not None:
+                got[(history.cluster, history.run)] = reason
+        loss_rows = {key: row["reason"] for key, row in want.items() if row["metric"] is None and key[0] != "fleet"}
+        assert got == loss_rows, (tick, got, loss_rows)
+
+
+# --- cases a user would recognise ------------------------------------------------------
+
+
+def test_a_shift_of_0_3_nats_ninety_minutes_into_a_falling_run_pages_level_shift():
+    samples = falling_run(minutes=90, shift=0.3, shift_age=6)
+    row = loss_row(rows_for(samples, Settings()))
+    assert row["reason"] == "level_shift" and row["value"] == 1 and row["severity"] == "page"
+    # What fired it: the recent minutes' lowest mean, above the local level's limit.
+    assert row["observed"] > row["threshold"]
+    # The seed rule alone stays quiet: the falling loss inflates its band.
+    assert loss_row(rows_for(samples, seed_settings()))["reason"] == "healthy"
+
+
+def test_a_single_three_nat_step_does_not_page():
+    samples = falling_run()
+    worst = min(range(len(samples)), key=lambda i: abs((NOW - samples[i].timestamp) - 3 * MINUTE))
+    samples[worst] = Sample(samples[worst].timestamp, samples[worst].value + 3.0, "hero-a")
+    rows = rows_for(samples, Settings())
+    assert loss_row(rows)["reason"] == "healthy" and all(r["value"] == 0 for r in rows)
+
+
+def test_a_restart_from_a_checkpoint_does_not_page():
+    """The new attempt resumes from a checkpoint two hours back: its loss is higher, and it is
+    judged alone, so the rewind is no shift."""
+    old = [s for s in falling_run(minutes=200) if NOW - s.timestamp > 30 * MINUTE]
+    rewound = falling_run(minutes=200, seed=2)
+    new = []
+    for s in rewound:
+        age = NOW - s.timestamp
+        if age <= 28 * MINUTE:
+            earlier = rewound[max(0, rewound.index(s) - 120 * 6)]
+            new.append(Sample(s.timestamp, earlier.value, "hero-a", execution_uid="attempt-2"))
+    samples = old + new
+    assert min(s.value for s in new) > max(s.value for s in old[-60:]) + 0.05  # it does rewind
+    rows = rows_for(samples, Settings())
+    assert loss_row(rows)["reason"] in ("healthy", "warming_up") and all(r["value"] == 0 for r in rows)
+    # The windows read the new attempt alone.
+    judged = [s for s in new if 5 * MINUTE < NOW - s.timestamp <= 60 * MINUTE]
+    assert loss_row(rows)["baseline_samples"] == len(judged)
+
+
+def test_a_run_at_105_seconds_a_step_pages_a_0_3_shift_within_ten_minutes():
+    samples = falling_run(minutes=120, cadence=105.0, shift=0.3, shift_age=10)
+    paged = []
+    for minutes_after in range(0, 11):
+        now = NOW - 10 * MINUTE + minutes_after * MINUTE
+        visible = [s for s in samples if s.timestamp < now]
+        row = loss_row(rows_for(visible, Settings(), now))
+        paged.append((minutes_after, row["reason"]))
+    assert any(reason == "level_shift" for _, reason in paged), paged
+    # Without the detectors such a run never has five recent samples: warming_up forever.
+    assert loss_row(rows_for(samples, seed_settings()))["reason"] == "warming_up"
+
+
+def test_the_seed_setting_gives_the_seed_rule_rows_on_a_shift():
+    samples = falling_run(minutes=90, shift=0.3, shift_age=6) + falling_run("hero-b", minutes=90, seed=3)
+    rows = rows_for(samples, seed_settings())
+    assert_rows_match(rows, expected(samples, NOW, Thresholds(), Selection()))
+    assert all(r["observed"] is None and r["threshold"] is None and r["metric"] is None for r in rows)
+
+
+def test_a_spike_train_pages_instability():
+    samples = falling_run(minutes=120, noise=0.005)
+    for k, s in enumerate(samples):
+        age = (NOW - s.timestamp) / MINUTE
+        if age < 50 and int(age) % 8 == 0 and (NOW - s.timestamp).seconds % 60 < 10:
+            samples[k] = Sample(s.timestamp, s.value + 2.0, "hero-a")
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
+    assert row["reason"] == "instability" and row["observed"] >= row["threshold"] == 4
+    assert_matches(rows, expect(samples, NOW, Config()))
+
+
+def test_a_slow_divergence_pages_before_the_seed_rule():
+    samples = falling_run(minutes=200, noise=0.005)
+    samples = [
+        Sample(s.timestamp, s.value + max(0.0, (150 - (NOW - s.timestamp) / MINUTE)) * 0.6 / 60, "hero-a")
+        for s in samples
+    ]
+    assert loss_row(rows_for(samples, seed_settings()))["reason"] == "healthy"
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
+    assert row["reason"] == "slow_divergence" and row["observed"] > row["threshold"]
+    assert_matches(rows, expect(samples, NOW, Config()))
+
+
+def test_detector_thresholds_come_from_the_runs_override_row():
+    samples = falling_run(minutes=90, shift=0.3, shift_age=6)
+    looser = OverrideRow("hero-a", NOW - 5 * MINUTE, shift_min_rise=1.0, reason="loss", note="noisy run")
+    row = loss_row(rows_for(samples, Settings(detectors=("level_shift",)), overrides=[looser]))
+    assert row["reason"] == "healthy" and row["note"] == "noisy run"
+    silenced = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE)
+    row = loss_row(rows_for(samples, Settings(), overrides=[silenced]))
+    assert row["reason"] == "level_shift" and row["value"] == 0 and row["silenced"]
+
+
+def test_oracle_catches_a_wrong_threshold():
+    """The comparison itself fails on a row that differs in what fired the detector."""
+    samples = falling_run(minutes=90, shift=0.3, shift_age=6)
+    rows = rows_for(samples, Settings())
+    want = expect(samples, NOW, Config())
+    assert_matches(rows, want)
+    wrong = [dict(r) for r in rows]
+    wrong[0]["threshold"] = rows[0]["threshold"] * (1 + 1e-6)
+    with pytest.raises(AssertionError, match="threshold"):
+        assert_matches(wrong, want)
+    wrong[0].update(threshold=rows[0]["threshold"], reason="healthy", value=0, severity="")
+    with pytest.raises(AssertionError):
+        assert_matches(wrong, want)
+    assert math.isfinite(rows[0]["observed"])
+
+
+def excursions_across_the_tenth_minute() -> list[Sample]:
+    """A flat run with three two-or-one-minute excursions of +2 nats; the first spans minutes
+    49-51 before now, so it straddles the hour's tenth minute (the first with a full reference)."""
+    import random
+
+    rng = random.Random(3)
+    samples = []
+    for k in range(120 * 6):
+        moment = NOW - 120 * MINUTE + timedelta(seconds=10 * k + 3)
+        age = (NOW - moment) / MINUTE
+        value = 2.0 + rng.gauss(0, 0.005)
+        if 49 < age <= 51 or 29 < age <= 30 or 14 < age <= 15:
+            value += 2.0
+        samples.append(Sample(moment, value, "hero-a"))
+    return samples
+
+
+# Three separate excursions page when the count asks for three (the default asks four).
+THREE = Settings(thresholds=Thresholds(instability_count=3))
+
+
+def test_three_excursions_in_the_hour_page_instability():
+    rows = rows_for(excursions_across_the_tenth_minute(), THREE)
+    assert (rows[0]["reason"], rows[0]["observed"], rows[0]["threshold"]) == ("instability", 3.0, 3.0)
+    assert rows_for(excursions_across_the_tenth_minute(), Settings())[0]["reason"] == "healthy"
+
+
+def test_backtest_counts_an_excursion_that_straddles_the_reference_span_as_evaluate_does():
+    samples = excursions_across_the_tenth_minute()
+    store = store_for(samples)
+    [result] = backtest(store, THREE, [NOW])
+    assert result.runs[0].reason(0) == evaluate(store, THREE, NOW)[0]["reason"] == "instability"
+
+
+def test_backtest_rows_at_give_the_detectors_reason():
+    samples = falling_run(minutes=90, shift=0.3, shift_age=6)
+    store = store_for(samples)
+    [result] = backtest(store, Settings(), [NOW], detail=True)
+    assert result.runs[0].reason(0) == "level_shift"
+    assert [r["reason"] for r in result.rows_at(0)] == ["level_shift"]
+
+
+def test_a_run_back_from_a_long_pause_stays_warming_up():
+    """Too few baseline samples after an hour-long pause: warming_up, whatever the loss did
+    (the detectors judge healthy runs and slow-stepping ones only)."""
+    before = [s for s in falling_run(minutes=200, noise=0.005) if NOW - s.timestamp > 61 * MINUTE]
+    after = [
+        Sample(NOW - timedelta(seconds=10 * k + 5), 3.0, "hero-a") for k in range(48)
+    ]  # the last eight minutes, 0.5 nats higher
+    rows = rows_for(before + after, Settings())
+    assert rows[0]["reason"] == "warming_up" and rows[0]["baseline_samples"] < 20
+
+
+def test_a_slow_run_is_judged_on_its_last_three_steps():
+    """At 120 s a step the last five minutes hold two losses: the window widens to three.
+    Two shifted steps are not yet a level; the third makes one."""
+    import random
+
+    rng = random.Random(7)
+
+    def run(now):
+        ages = [1.5 + 2 * j for j in range(60)]
+        return [
+            Sample(
+                now - timedelta(minutes=a),
+                2.0 + rng.gauss(0, 0.005) + (0.3 if a <= 4 + (now - NOW) / MINUTE else 0),
+                "hero-a",
+            )
+            for a in ages
+        ]
+
+    first = run(NOW)
+    row = rows_for(first, Settings())[0]
+    assert (row["reason"], row["recent_samples"]) == ("warming_up", 2)
+    assert_matches(rows_for(first, Settings()), expect(first, NOW, Config()))
+    later = run(NOW + 2 * MINUTE)
+    rows = rows_for(later, Settings(), NOW + 2 * MINUTE)
+    assert rows[0]["reason"] == "level_shift"
+    assert_matches(rows, expect(later, NOW + 2 * MINUTE, Config()))
