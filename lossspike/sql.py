@@ -360,8 +360,13 @@ def minute_buckets(
     since: datetime | None = None,
     aligned_to: str = "",
     dense_start: datetime | None = None,
+    parts: tuple[str, ...] = ("loss", "checks"),
 ) -> str:
     """The SELECT reducing raw telemetry to minute buckets.
+
+    `parts` picks the column groups computed (the view holds both): a raw read computes the
+    loss's over its hours and the checks' over their minutes only, since every conditional
+    aggregate is evaluated on every row it reads.
 
     With `params`, filters are query parameters added to it and [start, end) bounds
     the rows read (the evaluation loss's rows only, where `dense_start` cuts the others
@@ -429,7 +434,9 @@ def minute_buckets(
         "job": newest_job(d),
         "job_at": f"MAX({when(JOB_PRESENT, 'timestamp')})",
     }
-    for key, name in checks.items():
+    if "loss" not in parts:
+        columns = {k: v for k, v in columns.items() if k in _BUCKET_KEYS or k in ("samples", "sample_at")}
+    for key, name in checks.items() if "checks" in parts else ():
         mine, fine = f"name = {name}", f"name = {name} AND {finite}"
         columns[f"{key}_finite"] = d.count_if.format(fine)
         columns[f"{key}_sum"] = f"SUM({when(fine, 'value')})"
@@ -542,36 +549,57 @@ def tick_read_query(
     p = d.param.format
     now = windows.now
     params: dict[str, object] = {"now": now, "hour_start": now - timedelta(minutes=windows.hour)}
-    oldest = max(windows.hour, windows.checks, windows.eval, windows.history)
     prefix = ""
     if rollup_table:
-        source = quote_table(d, rollup_table)
+        source = check_source = quote_table(d, rollup_table)
         runs = f"\n    AND {watched_runs(d, selection, params)}"
     else:
-        dense = max(windows.hour, windows.checks, windows.history)
+        # The loss's hours and the checks' minutes in two reductions of the raw rows: the wide
+        # check columns are computed over the quarter hour and the evaluation rows only.
+        loss_params: dict[str, object] = {}
         inner = minute_buckets(
             d,
             telemetry_table,
             selection,
-            params,
-            now - timedelta(minutes=oldest),
+            loss_params,
+            now - timedelta(minutes=max(windows.hour, windows.history)),
             now,
             aligned_to="now",
-            dense_start=now - timedelta(minutes=dense) if windows.eval > dense else None,
+            parts=("loss",),
         )
-        prefix = f"WITH buckets AS (\n{inner}\n)\n"
+        check_params: dict[str, object] = {}
+        recent = max(windows.checks, 1)
+        checks_inner = minute_buckets(
+            d,
+            telemetry_table,
+            selection,
+            check_params,
+            now - timedelta(minutes=max(recent, windows.eval)),
+            now,
+            aligned_to="now",
+            dense_start=now - timedelta(minutes=recent) if windows.eval > recent else None,
+            parts=("checks",),
+        )
+        # Both reductions bind the same values to the same names; the rows' bounds differ.
+        checks_inner = checks_inner.replace(d.param.format("rows_start"), d.param.format("check_rows_start"))
+        check_params["check_rows_start"] = check_params.pop("rows_start")
+        params.update(loss_params)
+        params.update(check_params)
+        prefix = f"WITH buckets AS (\n{inner}\n)"
+        prefix += f",\ncheck_buckets AS (\n{checks_inner}\n)\n" if windows.checks or windows.eval else "\n"
         source = "buckets"
+        check_source = "check_buckets"
         runs = ""
     attempt = _attempt_filter(d, selection, params)
 
     def typed_null(kind: str) -> str:
         return f"CAST(NULL AS {d.types.get(kind, kind)})"
 
-    def branch(part: str, where: str, group: str, chosen: dict[str, str], order_limit: str = "") -> str:
+    def branch(part: str, where: str, group: str, chosen: dict[str, str], table: str = "") -> str:
         listed = [f"'{part}' AS part"]
         for name, kind in MINUTE_TYPES.items():
             listed.append(f"{chosen[name]} AS {name}" if name in chosen else f"{typed_null(kind)} AS {name}")
-        body = f"SELECT\n    {', '.join(listed)}\n  FROM {source}\n  WHERE {where}{runs}"
+        body = f"SELECT\n    {', '.join(listed)}\n  FROM {table or source}\n  WHERE {where}{runs}"
         return body + (f"\n  GROUP BY {group}" if group else "")
 
     def loss(column: str) -> str:
@@ -614,6 +642,7 @@ def tick_read_query(
                 f"metric = '{OTHER_ROLE}' AND minute >= {p('checks_start')} AND minute < {p('now')}",
                 "run_cluster, run_id, execution_uid, minute",
                 chosen,
+                check_source,
             )
         )
     if windows.eval:
@@ -623,7 +652,7 @@ def tick_read_query(
         inner = (
             f"SELECT run_cluster, run_id, execution_uid, minute, {newest} AS eval_last_finite,"
             f" MAX(eval_last_finite_at) AS eval_last_finite_at\n"
-            f"  FROM {source}\n"
+            f"  FROM {check_source}\n"
             f"  WHERE metric = '{EVAL_ROLE}' AND minute >= {p('eval_start')} AND minute < {p('now')}"
             f" AND eval_last_finite_at IS NOT NULL{runs}\n"
             f"  GROUP BY run_cluster, run_id, execution_uid, minute"
@@ -657,7 +686,10 @@ def tick_read_query(
                 },
             )
         )
-    return Query(prefix + "\nUNION ALL\n".join(parts), params)
+    sql = prefix + "\nUNION ALL\n".join(parts)
+    # Only the parameters the parts use: an engine refuses a named parameter the text does not name.
+    used = {k: v for k, v in params.items() if re.search(re.escape(d.param.format(k)) + r"(?![A-Za-z0-9_])", sql)}
+    return Query(sql, used)
 
 
 # The script variable the refresh sets when it failed, and the column the read carries it in.

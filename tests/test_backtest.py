@@ -234,7 +234,8 @@ def test_backtest_cli_json_and_table(demo_db):
     report = json.loads(result.stdout)
     assert report["ticks"] == 61 and report["start"] == "2026-11-30T11:00:00Z" and report["end"] == NOW_TEXT
     [variant] = report["variants"]
-    assert variant["summary"]["pages"] == 3
+    # The seed rule's three pages, and one for each detector's demo run (the defaults).
+    assert variant["summary"]["pages"] == 7
     runs = {r["run"]: r for r in variant["runs"]}
     assert [e["reason"] for e in runs["hero-qwen-32b"]["episodes"]] == ["spiking"]
     assert runs["hero-qwen-32b"]["episodes"][0]["first_tick"] == NOW_TEXT
