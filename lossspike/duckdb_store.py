@@ -123,6 +123,15 @@ class DuckDBStore:
         ).fetchall()
         return dict(rows)
 
+    def _required_columns(self, table: str) -> set[str]:
+        schema, _, name = table.rpartition(".")
+        rows = self.connection.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = $name AND ($schema = '' OR table_schema = $schema) AND is_nullable = 'NO'",
+            {"name": name, "schema": schema},
+        ).fetchall()
+        return {row[0] for row in rows}
+
     def check_telemetry(self) -> None:
         """Raise StoreError naming the table, or the column missing or of the wrong type."""
         with self._lock:
@@ -216,11 +225,16 @@ class DuckDBStore:
         connection = self.connection
         connection.execute(alerts_table_ddl(table))
         present = self._columns(self.alerts_table)
-        # A file written by an older version lacks the newer nullable columns: add them.
+        # A file written by an older version lacks the newer nullable columns (add them) and may
+        # hold a column the schema has since relaxed to NULLABLE (check rows leave the loss
+        # statistics NULL): drop its NOT NULL, as BigQuery relaxes a column in place.
+        required = self._required_columns(self.alerts_table)
         for column in ALERTS_SCHEMA:
             if column["name"] not in present and column["mode"] == "NULLABLE":
                 self.connection.execute(alter_add_column(table, column))
                 present[column["name"]] = column["type"]
+            elif column["name"] in required and column["mode"] == "NULLABLE":
+                self.connection.execute(f'ALTER TABLE {table} ALTER COLUMN "{column["name"]}" DROP NOT NULL')
         missing = [c for c in ALERT_COLUMNS if c not in present]
         if missing:
             raise StoreError(f"table {self.alerts_table!r} in {self.path} lacks column(s): {', '.join(missing)}")

@@ -920,3 +920,61 @@ def test_a_silence_while_the_local_function_holds_the_file_says_what_to_do(funct
     result = lossspike("silence", "hero-up", "--for", "1h", "--note", "x", "--database", str(db), "--now", NOW_TEXT)
     line = one_line_error(result, 1)
     assert "lock" in line.lower() and "stop it" in line and "LOSSSPIKE_BACKEND=bigquery" in line, line
+
+
+def test_a_database_from_the_previous_release_takes_check_rows(tmp_path):
+    # The previous release's alert table: every column of tests/released/alerts_schema.json, its
+    # loss statistics NOT NULL. A check row (NULL statistics) is written after the upgrade.
+    import json
+
+    import duckdb
+
+    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.schema import telemetry_table_ddl
+
+    released = json.loads((Path(__file__).parent / "released" / "alerts_schema.json").read_text())
+    kinds = {
+        "TIMESTAMP": "TIMESTAMPTZ",
+        "STRING": "VARCHAR",
+        "INTEGER": "BIGINT",
+        "FLOAT": "DOUBLE",
+        "BOOLEAN": "BOOLEAN",
+    }
+    columns = ", ".join(
+        f'"{c["name"]}" {kinds[c["type"]]}{" NOT NULL" if c["mode"] == "REQUIRED" else ""}' for c in released
+    )
+    path = tmp_path / "old.duckdb"
+    with duckdb.connect(str(path)) as connection:
+        connection.execute(f"CREATE TABLE loss_spike_alerts ({columns})")
+        connection.execute(telemetry_table_ddl('"telemetry"'))
+    row = {
+        "evaluated_at": NOW,
+        "cluster": "c1",
+        "job": "",
+        "run": "hero-a",
+        "reason": "grad_norm_high",
+        "value": 1,
+        "baseline_samples": None,
+        "baseline_mean": None,
+        "baseline_stddev": None,
+        "baseline_floor": None,
+        "recent_samples": None,
+        "recent_not_finite": None,
+        "recent_mean": None,
+        "recent_floor": None,
+        "recent_peak": None,
+        "reference": None,
+        "band": None,
+        "last_loss_at": None,
+        "silenced": False,
+        "note": None,
+        "severity": "page",
+        "metric": "grad_norm_total",
+        "observed": 3.5,
+        "threshold": 2.0,
+    }
+    with DuckDBStore(path) as store:
+        assert store.write_alerts([row]) == 1
+    with duckdb.connect(str(path), read_only=True) as connection:
+        got = connection.execute("SELECT reason, baseline_samples, observed FROM loss_spike_alerts").fetchall()
+    assert got == [("grad_norm_high", None, 3.5)]
