@@ -52,7 +52,7 @@ DEMO_RUNS = (
     ("hero-dbrx", "us-east5", "spike_train", "instability: a one-step spike every 6 min, each one skip-step's"),
     ("hero-arctic", "us-central2", "slow_shift", "level_shift: 105 s a step, under 5 recent losses; window widened"),
     ("hero-grok-1", "europe-west4", "grad_norm", "grad_norm_high (check row): gradient norm 3.5, the loss fine"),
-    ("hero-jamba", "us-east5", "skipped", "steps_skipped (check row): the optimizer skipped 4 steps in 15 min"),
+    ("hero-jamba", "us-east5", "skipped", "steps_skipped (check row): the optimizer skipped 3 steps in 4 minutes"),
     (THROUGHPUT_RUN, "us-central2", "slow_tokens", "throughput_low (notify row): tokens/s under its override floor"),
     ("ablation-lr-sweep", "us-central2", "shift", "not watched: run ID does not match hero-%"),
 )
@@ -108,7 +108,7 @@ def _samples(kind: str, age: timedelta, rng: random.Random) -> list[tuple[str, f
     """One step's metrics: the loss, and the health metrics a Levanter run logs beside it."""
     recent = age <= timedelta(minutes=4)
     grad_norm = 3.5 if kind == "grad_norm" and recent else abs(rng.gauss(1.0, 0.1))
-    # Four skipped steps, a minute apart, in the last 15 minutes.
+    # Skipped steps a minute apart over the last four minutes: three, Marin's limit.
     skipped = (
         1.0
         if kind == "skipped" and int(age.total_seconds()) % 60 < STEP.total_seconds() and age.total_seconds() < 240
