@@ -114,23 +114,20 @@ class DuckDBStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _columns(self, table: str) -> dict[str, str]:
+    def _column_rows(self, table: str) -> list[tuple[str, str, str]]:
+        """(name, type, nullable YES/NO) of each column of `table`, from information_schema."""
         schema, _, name = table.rpartition(".")
-        rows = self.connection.execute(
-            "SELECT column_name, data_type FROM information_schema.columns"
+        return self.connection.execute(
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns"
             " WHERE table_name = $name AND ($schema = '' OR table_schema = $schema)",
             {"name": name, "schema": schema},
         ).fetchall()
-        return dict(rows)
+
+    def _columns(self, table: str) -> dict[str, str]:
+        return {name: kind for name, kind, _ in self._column_rows(table)}
 
     def _required_columns(self, table: str) -> set[str]:
-        schema, _, name = table.rpartition(".")
-        rows = self.connection.execute(
-            "SELECT column_name FROM information_schema.columns"
-            " WHERE table_name = $name AND ($schema = '' OR table_schema = $schema) AND is_nullable = 'NO'",
-            {"name": name, "schema": schema},
-        ).fetchall()
-        return {row[0] for row in rows}
+        return {name for name, _, nullable in self._column_rows(table) if nullable == "NO"}
 
     def check_telemetry(self) -> None:
         """Raise StoreError naming the table, or the column missing or of the wrong type."""

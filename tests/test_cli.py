@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from commandline import lossspike, one_line_error, verdict_table
+from commandline import DEMO_VERDICTS, lossspike, one_line_error, verdict_table
 from conftest import NOW, write_database
 from oracle import Sample, assert_rows_match, expected
 
@@ -194,27 +194,7 @@ def test_demo_shows_every_reason(tmp_path):
     shown = sorted((r["run"], r["reason"], r["page"]) for r in verdict_table(result.stdout))
     # Every reason: the seed rule's, each detector's (on a run the seed rule misses), and a
     # check row beside a healthy loss row for each default check and a notice.
-    assert shown == sorted(
-        [
-            ("hero-llama-8b", "healthy", "0"),
-            ("hero-mixtral", "healthy", "0"),
-            ("hero-qwen-32b", "spiking", "1"),
-            ("hero-gemma-2b", "not_finite", "1"),
-            ("hero-olmo-1b", "warming_up", "0"),
-            ("hero-deepseek", "stalled", "1"),
-            ("hero-phi-3", "spiking", "0 silenced"),
-            ("hero-yi-34b", "level_shift", "1"),
-            ("hero-falcon-7b", "slow_divergence", "1"),
-            ("hero-dbrx", "instability", "1"),
-            ("hero-arctic", "level_shift", "1"),
-            ("hero-grok-1", "healthy", "0"),
-            ("hero-grok-1", "grad_norm_high", "1"),
-            ("hero-jamba", "healthy", "0"),
-            ("hero-jamba", "steps_skipped", "1"),
-            ("hero-nemo-12b", "healthy", "0"),
-            ("hero-nemo-12b", "throughput_low", "notify"),
-        ]
-    )
+    assert shown == sorted(DEMO_VERDICTS)
     assert "ablation-lr-sweep" in result.stdout  # explained as not watched
     assert (tmp_path / "lossspike-demo.duckdb").is_file()
     again = lossspike(

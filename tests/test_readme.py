@@ -6,30 +6,8 @@ import re
 import shutil
 import subprocess
 
-from commandline import verdict_table
+from commandline import DEMO_VERDICTS, verdict_table
 from conftest import REPO
-
-# What the demo's fleet must show (lossspike/demo.py's stories): one run per loss reason, two
-# healthy, and a check row beside a healthy loss row for each default check and a notice.
-DEMO_VERDICTS = {
-    ("hero-llama-8b", "healthy", "0"),
-    ("hero-mixtral", "healthy", "0"),
-    ("hero-qwen-32b", "spiking", "1"),
-    ("hero-gemma-2b", "not_finite", "1"),
-    ("hero-olmo-1b", "warming_up", "0"),
-    ("hero-deepseek", "stalled", "1"),
-    ("hero-phi-3", "spiking", "0 silenced"),
-    ("hero-yi-34b", "level_shift", "1"),
-    ("hero-falcon-7b", "slow_divergence", "1"),
-    ("hero-dbrx", "instability", "1"),
-    ("hero-arctic", "level_shift", "1"),
-    ("hero-grok-1", "healthy", "0"),
-    ("hero-grok-1", "grad_norm_high", "1"),
-    ("hero-jamba", "healthy", "0"),
-    ("hero-jamba", "steps_skipped", "1"),
-    ("hero-nemo-12b", "healthy", "0"),
-    ("hero-nemo-12b", "throughput_low", "notify"),
-}
 
 
 def readme_commands() -> list[str]:
