@@ -386,9 +386,11 @@ def minute_buckets(
         params["service"], params["metric"] = selection.service, selection.metric
         service, loss = p("service"), p("metric")
         checks = {}
+        # The evaluation loss names a role; the other check metrics only their own columns.
         for key, name in names.items():
-            params[f"{key}_metric"] = name
-            checks[key] = p(f"{key}_metric")
+            if key == "eval" or "checks" in parts:
+                params[f"{key}_metric"] = name
+                checks[key] = p(f"{key}_metric")
         runs = watched_runs(d, selection, params)
         params["rows_start"], params["rows_end"] = start, end
         bounds = f"timestamp >= {p('rows_start')}\n  AND timestamp < {p('rows_end')}\n  AND "
@@ -478,7 +480,9 @@ def bucket_groups_query(
     """
     d = dialect
     params: dict[str, object] = {}
-    source = f"(\n{minute_buckets(d, telemetry_table, selection, params, start, end)}\n) AS buckets"
+    # The backtest replays the loss reasons: the checks' columns are not computed.
+    buckets = minute_buckets(d, telemetry_table, selection, params, start, end, parts=("loss",))
+    source = f"(\n{buckets}\n) AS buckets"
     attempt = _attempt_filter(d, selection, params)
     loss = ",\n  ".join(
         f"{'MIN' if c == 'loss_floor' else 'MAX' if c in ('loss_peak', 'last_loss_at') else 'SUM'}"
