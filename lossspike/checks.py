@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from lossspike.rule import HEALTHY, NOTIFY, PAGE, LossWindows, Thresholds
 
@@ -54,15 +53,14 @@ MIN_RATE_SAMPLES = 10
 class MetricMinutes:
     """One check metric of one run's newest attempt, minute by minute over the check window.
 
-    Each list holds one entry per minute with data, oldest first; times are epoch microseconds.
+    Each list holds one entry per minute with data, oldest first; `last` is the newest value,
+    `last_finite` the newest finite one.
     """
 
     finite: list[int]
     sums: list[float]
     last: float | None = None
-    last_at: int | None = None
     last_finite: float | None = None
-    last_finite_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -220,8 +218,3 @@ def enabled_checks(listed: tuple[str, ...] | None, thresholds: Thresholds) -> tu
     on = set(DEFAULT_CHECKS)
     on |= {r for r, (_, field) in CHECKS.items() if field and getattr(thresholds, field) is not None}
     return tuple(r for r in CHECK_REASONS if r in on)
-
-
-def observed_json(value: Any) -> Any:
-    """A check's observed value for JSON: non-finite values have no JSON number."""
-    return value if value is None or math.isfinite(value) else None
