@@ -27,7 +27,7 @@ from lossspike.checks import (
 )
 from lossspike.deadline import Deadline
 from lossspike.detectors import LIMITS, detect, recent_width
-from lossspike.minutes import TickRuns
+from lossspike.minutes import Partial, TickRuns
 from lossspike.overrides import LOSS_SCOPE, overrides_table_name, run_policies, unusable_rows, unusable_summary
 from lossspike.rule import (
     HEALTHY,
@@ -168,14 +168,20 @@ def judge_loss(
     widest = max(t.max_recent_minutes for t in thresholds)
     widened = recent_width(runs.samples, 1, widest)
     widths = np.where(slow, np.maximum(widths, widened), widths)
-    limits = {name: np.array([getattr(t, name) for t in thresholds], dtype=float) for name in LIMITS}
-    found = detect(runs.grid, widths, runs.history_n, runs.history_sum, limits, detectors)
-    for i, (windows, reason, _) in enumerate(out):
-        if reason == HEALTHY or (reason == WARMING_UP and slow[i]):
-            for name, finding in found.items():
-                if finding.fired[i]:
-                    out[i] = (windows, name, (float(finding.observed[i]), float(finding.limit[i])))
-                    break
+    # Only the runs a detector can change: healthy ones and slow-stepping warming-up ones.
+    judged = np.array([r == HEALTHY for r in reasons]) | slow
+    pick = np.flatnonzero(judged)
+    if not len(pick):
+        return out
+    limits = {name: np.array([getattr(thresholds[i], name) for i in pick], dtype=float) for name in LIMITS}
+    grid = Partial(*(field[pick] for field in runs.grid))
+    found = detect(grid, widths[pick], runs.history_n[pick], runs.history_sum[pick], limits, detectors)
+    for k, i in enumerate(pick.tolist()):
+        windows = out[i][0]
+        for name, finding in found.items():
+            if finding.fired[k]:
+                out[i] = (windows, name, (float(finding.observed[k]), float(finding.limit[k])))
+                break
     return out
 
 
