@@ -369,21 +369,29 @@ def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
         response = http.post("/", headers=SCHEDULE_HEADER)
         assert response.status_code == 200, response.json
     counts = response.json["counts"]
-    # Every reason is counted, the checks' too; the demo fleet fires no check.
+    # Every reason is counted, the checks' too: the demo shows each once or more.
     assert set(counts) == {*REASONS, *CHECK_REASONS}
     assert {r: n for r, n in counts.items() if n} == {
         "not_finite": 1,
         "stalled": 1,
         "warming_up": 1,
         "spiking": 2,
-        "healthy": 2,
+        "level_shift": 2,
+        "slow_divergence": 1,
+        "instability": 1,
+        "healthy": 5,
+        "grad_norm_high": 1,
+        "steps_skipped": 1,
+        "throughput_low": 1,
     }
     assert set(response.json["sinks"]) == {"alerts_table"}
     sys.modules["main"]._BACKEND[0].store.close()
     import duckdb
 
     with duckdb.connect(str(database), read_only=True) as connection:
-        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (7,)
+        assert connection.execute("SELECT count(*) FROM loss_spike_alerts").fetchone() == (
+            17,
+        )  # fourteen loss rows, three check rows
 
 
 def test_cold_start_imports_only_what_a_tick_needs():
@@ -632,7 +640,8 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
         written = store.connection.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_name = 'loss_spike_alerts'"
         ).fetchone()
-    assert result.ok is False and len(result.rows) == 7
+    # The demo's fourteen runs' loss rows and its three check rows.
+    assert result.ok is False and len(result.rows) == 17
     assert result.sinks["alerts_table"] == {
         "ok": False,
         "error": "DeadlineExceeded: tick deadline of 40 s exhausted before writing 'loss_spike_alerts'",
