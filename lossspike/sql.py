@@ -588,9 +588,12 @@ def tick_read_query(
         checks_inner = checks_inner.replace(d.param.format("rows_start"), d.param.format("check_rows_start"))
         check_params["check_rows_start"] = check_params.pop("rows_start")
         params.update(loss_params)
-        params.update(check_params)
-        prefix = f"WITH buckets AS (\n{inner}\n)"
-        prefix += f",\ncheck_buckets AS (\n{checks_inner}\n)\n" if windows.checks or windows.eval else "\n"
+        prefix = f"WITH buckets AS (\n{inner}\n)\n"
+        if windows.checks or windows.eval:
+            # The checks' reduction and its parameters only when a part reads it: an engine
+            # refuses a named parameter the text does not name.
+            params.update(check_params)
+            prefix = f"WITH buckets AS (\n{inner}\n),\ncheck_buckets AS (\n{checks_inner}\n)\n"
         source = "buckets"
         check_source = "check_buckets"
         runs = ""
@@ -690,10 +693,7 @@ def tick_read_query(
                 },
             )
         )
-    sql = prefix + "\nUNION ALL\n".join(parts)
-    # Only the parameters the parts use: an engine refuses a named parameter the text does not name.
-    used = {k: v for k, v in params.items() if re.search(re.escape(d.param.format(k)) + r"(?![A-Za-z0-9_])", sql)}
-    return Query(sql, used)
+    return Query(prefix + "\nUNION ALL\n".join(parts), params)
 
 
 # The script variable the refresh sets when it failed, and the column the read carries it in.
