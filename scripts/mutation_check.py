@@ -36,6 +36,8 @@ HOSTILE_UNUSABLE = "tests/test_hostile.py::test_an_unusable_override_row_pages_e
 HOSTILE_ARGUMENTS = "tests/test_hostile.py::test_arguments_out_of_range_are_usage_errors_naming_the_range"
 INDEXED = "tests/test_overrides.py::test_indexed_matching_equals_trying_every_pattern"
 ROLLUP_CLOUD = "tests/test_rollup_cloud.py"
+# Defaults on DuckDB, the emulator's raw telemetry and its rollup view: the same rows.
+PARITY = "tests/test_parity_cloud.py"
 # The detectors' and checks' oracle tests (tests/detector_oracle.py); a mutant lists the
 # example test that should catch it first, so -x stops before any property test shrinks.
 DETECTORS = "tests/test_detectors.py"
@@ -182,17 +184,17 @@ MUTANTS = [
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
-        "the rollup read counts every attempt's losses",
+        "the tick read counts every attempt's losses (an explicit attempt list)",
         "lossspike/sql.py",
-        '    attempt = "TRUE"\n    if selection.execution_uids:',
-        '    attempt = "TRUE"\n    if False:',
-        ["tests/test_rollup.py", "tests/test_backtest.py"],
+        "    attempt = _attempt_filter(d, selection, params)\n\n    def typed_null",
+        '    attempt = "TRUE"\n\n    def typed_null',
+        ["tests/test_rollup.py", ROLLUP_CLOUD],
     ),
     Mutant(
         "the tick merges the recent minutes into the baseline",
-        "lossspike/minutes.py",
-        "    base = reduce_by_key(run[~recent], Partial(*(f[~recent] for f in partials)), size)",
-        "    base = reduce_by_key(run, partials, size)",
+        "lossspike/evaluate.py",
+        "        base = minutes.merge_slots(runs.grid, 0, hour - width)",
+        "        base = minutes.merge_slots(runs.grid, 0, hour)",
         ["tests/test_rollup.py"],
     ),
     Mutant(
@@ -205,8 +207,8 @@ MUTANTS = [
     Mutant(
         "the newest loss time ignores NaN losses",
         "lossspike/sql.py",
-        '"last_loss_at": f"MAX({when(loss, \'timestamp\')})",',
-        '"last_loss_at": f"MAX({when(finite, \'timestamp\')})",',
+        '"last_loss_at": f"MAX({when(is_loss, \'timestamp\')})",',
+        "\"last_loss_at\": f\"MAX({when(f'{is_loss} AND {finite}', 'timestamp')})\",",
         ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
     ),
     # --- the sinks: a run pages once (issue 15) ---
@@ -270,8 +272,8 @@ MUTANTS = [
     Mutant(
         "cost: the view read ignores clustering pruning",
         "lossspike/cost.py",
-        "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned)",
-        "    minutes = scanned_minutes(start, now, now, fleet.partition_minutes, False)",
+        "now - timedelta(minutes=end), now, fleet.partition_minutes, pruned\n        )\n        read = roles",
+        "now - timedelta(minutes=end), now, fleet.partition_minutes, False\n        )\n        read = roles",
         ["tests/test_cost.py"],
     ),
     # --- issue 17: override rows written wrong, arguments, messages ---
@@ -340,8 +342,9 @@ MUTANTS = [
     Mutant(
         "issue 17: the raw BigQuery read caches only the rows written by now",
         "lossspike/bigquery_store.py",
-        "overrides = self._cache_overrides(self._read_override_rows(stored, deadline))",
-        "overrides = self._cache_overrides(self.read_overrides(now, deadline))",
+        "overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES)), problems))",
+        "overrides = self._cache_overrides([r for r in rows_from_arrow("
+        "rows.rename_columns(list(OVERRIDE_TYPES)), problems) if r.created_at is None or r.created_at <= now])",
         [f"{ROLLUP_CLOUD}::test_a_row_written_after_a_ticks_time_but_before_its_read_counts_from_the_next_tick"],
     ),
     Mutant(
@@ -416,20 +419,20 @@ MUTANTS = [
     ),
     # --- beyond seed: the detectors, the newest attempt and the run-health checks (issues 18, 15) ---
     Mutant(
-        "beyond seed: level_shift's level is the whole baseline's median",
+        "beyond seed: level_shift fits its trend over the whole baseline, not its last minutes",
         "lossspike/detectors.py",
-        "    near = base & (idx >= (minutes - width - LEVEL_MINUTES)[..., None])",
-        "    near = base",
+        "    fit = base & (idx >= start - FIT_MINUTES)",
+        "    fit = base",
         [
             f"{DETECTORS}::test_a_shift_of_0_3_nats_ninety_minutes_into_a_falling_run_pages_level_shift",
             *DETECTOR_PROPERTIES,
         ],
     ),
     Mutant(
-        "beyond seed: level_shift observes the recent peak minute, not the lowest",
+        "beyond seed: level_shift observes the recent minutes' highest rise, not the lowest",
         "lossspike/detectors.py",
-        "observed = _quiet(np.nanmin, np.where(recent & data, means, np.nan), axis=-1)",
-        "observed = _quiet(np.nanmax, np.where(recent & data, means, np.nan), axis=-1)",
+        "observed = _quiet(np.nanmin, np.where(recent & data, rises, np.nan), axis=-1)",
+        "observed = _quiet(np.nanmax, np.where(recent & data, rises, np.nan), axis=-1)",
         [f"{DETECTORS}::test_oracle_catches_a_wrong_threshold", *DETECTOR_PROPERTIES],
     ),
     Mutant(
@@ -474,8 +477,8 @@ MUTANTS = [
     Mutant(
         "beyond seed: the detectors judge every warming_up run",
         "lossspike/evaluate.py",
-        "        if reason == HEALTHY or (reason == WARMING_UP and slow[i]):",
-        "        if reason in (HEALTHY, WARMING_UP):",
+        "    judged = np.array([r == HEALTHY for r in reasons]) | slow",
+        "    judged = np.array([r in (HEALTHY, WARMING_UP) for r in reasons]) | slow",
         [f"{DETECTORS}::test_a_run_back_from_a_long_pause_stays_warming_up", *DETECTOR_PROPERTIES],
     ),
     Mutant(
@@ -556,9 +559,31 @@ MUTANTS = [
         [f"{CHECKS}::test_loss_jump_fires_beside_a_healthy_loss_row_only", *CHECK_PROPERTIES],
     ),
     Mutant(
+        "beyond seed: eval_regressed fires on an evaluation equal to the one before",
+        "lossspike/checks.py",
+        "    if newest > before:\n        return Fired(EVAL_REGRESSED",
+        "    if newest >= before:\n        return Fired(EVAL_REGRESSED",
+        [f"{CHECKS}::test_an_evaluation_no_worse_than_the_one_before_says_nothing", *CHECK_PROPERTIES],
+    ),
+    # --- DuckDB and BigQuery parity with the defaults (tests/test_parity_cloud.py) ---
+    Mutant(
+        "parity: BigQuery's newest value of a minute is its oldest",
+        "lossspike/sql.py",
+        '    newest="MAX_BY({}, {})",',
+        '    newest="MIN_BY({}, {})",',
+        [PARITY],
+    ),
+    Mutant(
+        "parity: the rollup view buckets to the nearest clock minute",
+        "lossspike/sql.py",
+        '    minute="TIMESTAMP_TRUNC({}, MINUTE)",',
+        '    minute="TIMESTAMP_TRUNC(TIMESTAMP_ADD({}, INTERVAL 30 SECOND), MINUTE)",',
+        [PARITY],
+    ),
+    Mutant(
         "beyond seed: a check's row takes the loss row's overrides",
         "lossspike/evaluate.py",
-        "            scoped = _policy(read.overrides, key, now, t, check) if read.overrides else policy",
+        "            scoped = by_check[check].get(key, plain)",
         "            scoped = policy",
         [f"{CHECKS}::test_a_checks_threshold_comes_from_its_scoped_override_row", *CHECK_PROPERTIES],
     ),

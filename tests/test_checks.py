@@ -215,6 +215,13 @@ def test_an_evaluation_older_than_thirty_minutes_says_nothing():
     assert check_rows(rows_for(stale, Settings())) == []
 
 
+def test_an_evaluation_no_worse_than_the_one_before_says_nothing():
+    """SPEC: eval_regressed is the newest evaluation "above the one before it"; an equal one is not."""
+    for values in ([3.2, 3.2], [3.2, 3.1]):
+        samples = falling_run() + metric("eval_paloma_macro_loss", values, every=20 * 60)
+        assert check_rows(rows_for(samples, Settings())) == [], values
+
+
 def test_loss_jump_fires_beside_a_healthy_loss_row_only():
     """A noisy baseline keeps a 1.2 nat jump under the band (healthy): loss_jump says so;
     the same jump on a quiet baseline is a spike, and the loss row alone carries it."""
