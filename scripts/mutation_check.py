@@ -8,7 +8,7 @@ mutant that no longer applies fails loudly instead of passing quietly) and
 the tests that should catch it. The copy is imported through PYTHONPATH, with
 this checkout's .venv python.
 
-    .venv/bin/python scripts/mutation_check.py [--only NAME-SUBSTRING] [--keep]
+    .venv/bin/python scripts/mutation_check.py [--only NAME-SUBSTRING ...] [--keep]
 """
 
 from __future__ import annotations
@@ -615,10 +615,12 @@ def run_tests(copy: Path, tests: list[str]) -> tuple[int, float, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="run the mutants whose name contains this text")
+    parser.add_argument(
+        "--only", action="append", help="run the mutants whose name contains this text (repeat for more)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the copy and print its path")
     args = parser.parse_args()
-    mutants = [m for m in MUTANTS if not args.only or args.only in m.name]
+    mutants = [m for m in MUTANTS if not args.only or any(text in m.name for text in args.only)]
 
     work = Path(tempfile.mkdtemp(prefix="lossspike-mutants-"))
     copy = work / "repo"
