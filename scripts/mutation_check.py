@@ -609,7 +609,10 @@ def run_tests(copy: Path, tests: list[str]) -> tuple[int, float, str]:
     command += [f"--hypothesis-seed={HYPOTHESIS_SEED}", *tests]
     started = time.monotonic()
     done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
-    summary = (done.stdout.strip().splitlines() or [""])[-1]
+    lines = done.stdout.strip().splitlines() or [""]
+    # The test that failed first (pytest's short summary), to say which test killed the mutant.
+    failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in lines if line.startswith("FAILED ")]
+    summary = lines[-1] + (f"; by {failed[0]}" if failed else "")
     return done.returncode, time.monotonic() - started, summary
 
 
