@@ -8,7 +8,7 @@ mutant that no longer applies fails loudly instead of passing quietly) and
 the tests that should catch it. The copy is imported through PYTHONPATH, with
 this checkout's .venv python.
 
-    .venv/bin/python scripts/mutation_check.py [--only NAME-SUBSTRING ...] [--keep]
+    .venv/bin/python scripts/mutation_check.py [--only NAME-SUBSTRING ...] [--skip NAME-SUBSTRING ...] [--keep]
 """
 
 from __future__ import annotations
@@ -621,9 +621,11 @@ def main() -> int:
     parser.add_argument(
         "--only", action="append", help="run the mutants whose name contains this text (repeat for more)"
     )
+    parser.add_argument("--skip", action="append", default=[], help="leave out the mutants whose name contains this")
     parser.add_argument("--keep", action="store_true", help="keep the copy and print its path")
     args = parser.parse_args()
     mutants = [m for m in MUTANTS if not args.only or any(text in m.name for text in args.only)]
+    mutants = [m for m in mutants if not any(text in m.name for text in args.skip)]
 
     work = Path(tempfile.mkdtemp(prefix="lossspike-mutants-"))
     copy = work / "repo"
