@@ -431,14 +431,9 @@ def _raw_rows(
     p = dialect.param.format
     params["service"] = selection.service
     runs = watched_runs(dialect, selection, params)
-    return f"""SELECT
-    {", ".join(columns)}
-  FROM {quote_table(dialect, table)}
-  WHERE {where}
-    AND service = {p("service")}
-    AND value IS NOT NULL
-    AND run_id <> ''
-    AND {runs}"""
+    kept = [where, f"service = {p('service')}", "value IS NOT NULL", "run_id <> ''", runs]
+    conditions = "\n    AND ".join(kept)
+    return f"SELECT\n    {', '.join(columns)}\n  FROM {quote_table(dialect, table)}\n  WHERE {conditions}"
 
 
 def loss_buckets(
@@ -454,77 +449,115 @@ def loss_buckets(
 ) -> str:
     """The SELECT reducing raw rows in [start, end) to the buckets' keys and loss columns.
 
-    A raw read's minute bucket: per run, attempt, minute and loss base, every metric's
-    samples (enrollment, the newest attempt, the job) and the loss's statistics, with
-    no roles (each part reads its own rows). With `every_metric_from`, rows before it
-    are the loss's only. Buckets are clock minutes, or with `aligned_to` (a parameter
-    name) minutes counted back from that instant; `bucket_minute` is the integer key
-    (clock minutes since the epoch, or minutes back: 1 is the minute just before).
-    Filters are query parameters added to `params`.
+    A raw read's minute bucket: per run, attempt, minute, loss base and job, every metric's
+    samples (enrollment, the newest attempt, the job) and the loss's statistics, with no
+    roles (each part reads its own rows). The loss's rows and the other metrics' are
+    reduced apart, so that each row goes only to the aggregates it feeds; with
+    `every_metric_from`, the other metrics' rows start there. Buckets are clock minutes,
+    or with `aligned_to` (a parameter name) minutes counted back from that instant;
+    `bucket_minute` is the integer key (clock minutes since the epoch, or minutes back: 1
+    is the minute just before). Filters are query parameters added to `params`.
     """
     d = dialect
     p = d.param.format
     params["metric"], params["rows_start"], params["rows_end"] = selection.metric, start, end
-    where = f"timestamp >= {p('rows_start')}\n    AND timestamp < {p('rows_end')}"
+    others_start = "rows_start"
     if every_metric_from is not None:
         params["every_metric_from"] = every_metric_from
-        where += f"\n    AND (timestamp >= {p('every_metric_from')} OR name = {p('metric')})"
+        others_start = "every_metric_from"
     if aligned_to:
         index = d.minutes_back.format("timestamp", p(aligned_to))
         minute = d.minutes_earlier.format("bucket_minute", p(aligned_to))
     else:
         index, minute = d.minute_index.format("timestamp"), d.index_minute.format("bucket_minute")
-    finite_loss = f"name = {p('metric')} AND {d.finite.format('value')}"
-    rows = _raw_rows(
+    finite = d.finite.format("value")
+    keys = [
+        "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
+        "run_id",
+        "execution_uid",
+        f"{index} AS bucket_minute",
+        "timestamp",
+        "job_id",
+    ]
+    losses = _raw_rows(
         d,
         table,
         selection,
         params,
         [
-            "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
-            "run_id",
-            "execution_uid",
-            f"{index} AS bucket_minute",
-            f"{d.if_.format(finite_loss, 'TRUNC(value)')} AS bucket_base",
-            f"name = {p('metric')} AS is_loss",
+            *keys,
+            f"{d.if_.format(finite, 'TRUNC(value)')} AS bucket_base",
             # The finite losses; NULL elsewhere, which every aggregate below skips.
-            f"{d.if_.format(finite_loss, 'value')} AS loss_value",
-            "timestamp",
-            "job_id",
+            f"{d.if_.format(finite, 'value')} AS loss_value",
         ],
-        where,
+        f"timestamp >= {p('rows_start')}\n    AND timestamp < {p('rows_end')}\n    AND name = {p('metric')}",
+    )
+    others = _raw_rows(
+        d,
+        table,
+        selection,
+        params,
+        keys,
+        f"timestamp >= {p(others_start)}\n    AND timestamp < {p('rows_end')}"
+        f"\n    AND (name IS NULL OR name <> {p('metric')})",
     )
     offset = "loss_value - bucket_base"
-    columns = {
+    shared = {
         "run_cluster": "run_cluster",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
         "bucket_minute": "bucket_minute",
         "minute": minute,
+    }
+    # The job is a key, not a newest-value aggregate: a run rarely changes job within a
+    # minute, and an engine groups by one more string faster than it takes a string's
+    # newest value. The reads merge the rows of a minute's jobs.
+    job = {"job": "NULLIF(job_id, '')", "job_at": f"MAX({d.if_.format(JOB_PRESENT, 'timestamp')})"}
+    loss_columns = {
+        **shared,
         "loss_base": "bucket_base",
         "samples": "COUNT(*)",
         "sample_at": "MAX(timestamp)",
-        "loss_samples": d.count_if.format("is_loss"),
-        "loss_not_finite": f"{d.count_if.format('is_loss')} - COUNT(loss_value)",
+        "loss_samples": "COUNT(*)",
+        "loss_not_finite": "COUNT(*) - COUNT(loss_value)",
         "loss_finite": "COUNT(loss_value)",
         "loss_sum": f"SUM({offset})",
         "loss_sum_squares": f"SUM(({offset}) * ({offset}))",
         "loss_floor": "MIN(loss_value)",
         "loss_peak": "MAX(loss_value)",
-        "last_loss_at": f"MAX({d.if_.format('is_loss', 'timestamp')})",
-        # The job is a key, not a newest-value aggregate: a run rarely changes job within a
-        # minute, and an engine groups by one more string faster than it takes a string's
-        # newest value. The reads merge the rows of a minute's jobs.
-        "job": "NULLIF(job_id, '')",
-        "job_at": f"MAX({d.if_.format(JOB_PRESENT, 'timestamp')})",
+        "last_loss_at": "MAX(timestamp)",
+        **job,
     }
-    listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
+
+    def typed_null(column: str) -> str:
+        kind = MINUTE_TYPES[column]
+        return f"CAST(NULL AS {d.types.get(kind, kind)})"
+
+    other_columns = {
+        **shared,
+        "loss_base": typed_null("loss_base"),
+        "samples": "COUNT(*)",
+        "sample_at": "MAX(timestamp)",
+        **{c: "0" if MINUTE_TYPES[c] == "INT64" else typed_null(c) for c in _LOSS_COLUMNS},
+        **job,
+    }
+
+    def listed(columns: dict[str, str]) -> str:
+        return ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
+
     return f"""SELECT
-  {listed}
+  {listed(loss_columns)}
 FROM (
-  {rows}
-) AS samples
-GROUP BY run_cluster, run_id, execution_uid, bucket_minute, bucket_base, job_id"""
+  {losses}
+) AS losses
+GROUP BY run_cluster, run_id, execution_uid, bucket_minute, bucket_base, job_id
+UNION ALL
+SELECT
+  {listed(other_columns)}
+FROM (
+  {others}
+) AS others
+GROUP BY run_cluster, run_id, execution_uid, bucket_minute, job_id"""
 
 
 def check_minutes(

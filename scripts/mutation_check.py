@@ -203,6 +203,13 @@ MUTANTS = [
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
+        "the raw reads enroll empty run IDs",
+        "lossspike/sql.py",
+        """"value IS NOT NULL", "run_id <> ''", runs]""",
+        """"value IS NOT NULL", runs]""",
+        ["tests/test_rollup.py", "tests/test_backtest.py"],
+    ),
+    Mutant(
         "the newest loss time ignores NaN losses",
         "lossspike/sql.py",
         '"last_loss_at": f"MAX({when(loss, \'timestamp\')})",',
@@ -495,8 +502,8 @@ MUTANTS = [
     Mutant(
         "beyond seed: checks read every attempt",
         "lossspike/minutes.py",
-        "            if who >= 0 and code == chosen[who]:\n                check_rows[who]",
-        "            if who >= 0:\n                check_rows[who]",
+        '    rows, owner = rows_of("checks", True,',
+        '    rows, owner = rows_of("checks", False,',
         [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
     ),
     Mutant(
@@ -516,7 +523,7 @@ MUTANTS = [
     Mutant(
         "beyond seed: eval_regressed on a stale evaluation",
         "lossspike/minutes.py",
-        "            evals[i] = kept if found and found[0][2] >= fresh_from else []",
+        "            evals[i] = kept if mine and mine[0][2] >= fresh_from else []",
         "            evals[i] = kept",
         [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", *CHECK_PROPERTIES],
     ),
