@@ -1,11 +1,12 @@
 """The minute layer: merging minute buckets into the statistics of any window.
 
-A minute bucket (lossspike.sql.minute_buckets) holds, per run, attempt, minute
-and loss base, the count of the finite losses and the sums of their offsets from
-the base. This module turns those sums into (count, mean, M2, floor, peak)
-partials and merges partials with Chan et al.'s pairwise update, which stays
-accurate where running sums of squares cancel. The tick, the backtest and the
-plot all merge through `combine`: one definition of a bucket, one merge.
+A minute bucket (the view's lossspike.sql.minute_buckets, the raw reads'
+loss_buckets) holds, per run, attempt, minute and loss base, the count of the
+finite losses and the sums of their offsets from the base. This module turns
+those sums into (count, mean, M2, floor, peak) partials and merges partials
+with Chan et al.'s pairwise update, which stays accurate where running sums of
+squares cancel. The tick, the backtest and the plot all merge through
+`combine`: one definition of a bucket, one merge.
 """
 
 from __future__ import annotations
