@@ -507,6 +507,13 @@ MUTANTS = [
         [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
     ),
     Mutant(
+        "beyond seed: a check metric's newest value is its oldest minute's",
+        "lossspike/minutes.py",
+        "        newest_row = mine[newest(who, last_at[mine], size)]",
+        "        newest_row = mine[newest(who, -last_at[mine], size)]",
+        [f"{CHECKS}::test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not", *CHECK_PROPERTIES],
+    ),
+    Mutant(
         "beyond seed: grad_norm_high ignores a non-finite newest value",
         "lossspike/checks.py",
         "        if _bad(metric.last) or metric.last > limit:",
