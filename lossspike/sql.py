@@ -441,30 +441,27 @@ def loss_buckets(
     table: str,
     selection: Selection,
     params: dict[str, object],
-    start: datetime,
-    end: datetime,
+    start: str,
+    end: str,
     *,
     aligned_to: str = "",
-    every_metric_from: datetime | None = None,
+    every_metric_from: str = "",
 ) -> str:
-    """The SELECT reducing raw rows in [start, end) to the buckets' keys and loss columns.
+    """The SELECT reducing raw rows in [@start, @end) to the buckets' keys and loss columns.
 
     A raw read's minute bucket: per run, attempt, minute, loss base and job, every metric's
     samples (enrollment, the newest attempt, the job) and the loss's statistics, with no
     roles (each part reads its own rows). The loss's rows and the other metrics' are
     reduced apart, so that each row goes only to the aggregates it feeds; with
     `every_metric_from`, the other metrics' rows start there. Buckets are clock minutes,
-    or with `aligned_to` (a parameter name) minutes counted back from that instant;
-    `bucket_minute` is the integer key (clock minutes since the epoch, or minutes back: 1
-    is the minute just before). Filters are query parameters added to `params`.
+    or with `aligned_to` minutes counted back from that instant; `bucket_minute` is the
+    integer key (clock minutes since the epoch, or minutes back: 1 is the minute just
+    before). The instants are names of parameters bound in `params`; the filters' are added.
     """
     d = dialect
     p = d.param.format
-    params["metric"], params["rows_start"], params["rows_end"] = selection.metric, start, end
-    others_start = "rows_start"
-    if every_metric_from is not None:
-        params["every_metric_from"] = every_metric_from
-        others_start = "every_metric_from"
+    params["metric"] = selection.metric
+    others_start = every_metric_from or start
     if aligned_to:
         index = d.minutes_back.format("timestamp", p(aligned_to))
         minute = d.minutes_earlier.format("bucket_minute", p(aligned_to))
@@ -490,7 +487,7 @@ def loss_buckets(
             # The finite losses; NULL elsewhere, which every aggregate below skips.
             f"{d.if_.format(finite, 'value')} AS loss_value",
         ],
-        f"timestamp >= {p('rows_start')}\n    AND timestamp < {p('rows_end')}\n    AND name = {p('metric')}",
+        f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}\n    AND name = {p('metric')}",
     )
     others = _raw_rows(
         d,
@@ -498,7 +495,7 @@ def loss_buckets(
         selection,
         params,
         keys,
-        f"timestamp >= {p(others_start)}\n    AND timestamp < {p('rows_end')}"
+        f"timestamp >= {p(others_start)}\n    AND timestamp < {p(end)}"
         f"\n    AND (name IS NULL OR name <> {p('metric')})",
     )
     offset = "loss_value - bucket_base"
@@ -650,7 +647,8 @@ def bucket_groups_query(
     d = dialect
     params: dict[str, object] = {}
     # The backtest replays the loss reasons: the checks' columns are not computed.
-    buckets = loss_buckets(d, telemetry_table, selection, params, start, end)
+    params.update(rows_start=start, rows_end=end)
+    buckets = loss_buckets(d, telemetry_table, selection, params, "rows_start", "rows_end")
     source = f"(\n{buckets}\n) AS buckets"
     attempt = _attempt_filter(d, selection, params)
     loss = ",\n  ".join(f"{_merged(c, d.if_.format(attempt, c))} AS {c}" for c in _LOSS_COLUMNS)
@@ -847,18 +845,21 @@ def _raw_read(
     p = d.param.format
     now = windows.now
     history = windows.history > windows.hour
-    hour_start = now - timedelta(minutes=windows.hour)
-    start = now - timedelta(minutes=windows.history) if history else hour_start
-    buckets = loss_buckets(
-        d,
-        telemetry_table,
-        selection,
-        params,
-        start,
-        now,
-        aligned_to="now",
-        every_metric_from=hour_start if history else None,
-    )
+    params["hour_start"] = now - timedelta(minutes=windows.hour)
+    if history:
+        params["history_start"] = now - timedelta(minutes=windows.history)
+        buckets = loss_buckets(
+            d,
+            telemetry_table,
+            selection,
+            params,
+            "history_start",
+            "now",
+            aligned_to="now",
+            every_metric_from="hour_start",
+        )
+    else:
+        buckets = loss_buckets(d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now")
     reductions = [f"buckets AS (\n{buckets}\n)"]
     if windows.checks or windows.eval:
         reductions.append(f"check_minutes AS (\n{check_minutes(d, telemetry_table, selection, params, windows)}\n)")
