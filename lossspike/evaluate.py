@@ -21,7 +21,6 @@ from lossspike.checks import (
     EVAL_LOOKBACK_MINUTES,
     EVAL_REGRESSED,
     CheckData,
-    MetricMinutes,
     enabled_checks,
     run_checks,
 )
@@ -44,7 +43,7 @@ from lossspike.rule import (
     reference,
 )
 from lossspike.settings import Settings
-from lossspike.sql import CHECK_METRICS, TickWindows, metric_names
+from lossspike.sql import TickWindows, metric_names
 from lossspike.store import Store, StoreError, TickRead
 
 __all__ = ["StoreError", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
@@ -123,7 +122,7 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
         rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy))
         if not checks:
             continue
-        data = _check_data(runs, i, names)
+        data = CheckData(runs.checks[i], runs.evals[i], names)
         for check in checks:
             scoped = by_check[check].get(key, plain)
             for fired in run_checks(data, windows_i, reason, scoped.thresholds, (check,)):
@@ -183,28 +182,6 @@ def judge_loss(
                 out[i] = (windows, name, (float(finding.observed[k]), float(finding.limit[k])))
                 break
     return out
-
-
-def _check_data(runs: TickRuns, i: int, names: dict[str, str]) -> CheckData:
-    """One run's check metrics from its newest attempt's check minutes."""
-    records = sorted(runs.check_rows[i].get("minutes", []), key=lambda r: r["minute"])
-    metrics: dict[str, MetricMinutes] = {}
-    for key in CHECK_METRICS:
-        if key == "eval":
-            continue
-        mine = [r for r in records if r[f"{key}_last_at"] is not None]
-        if not mine:
-            continue
-        newest = max(mine, key=lambda r: r[f"{key}_last_at"])
-        finite = [r for r in mine if r[f"{key}_last_finite_at"] is not None]
-        newest_finite = max(finite, key=lambda r: r[f"{key}_last_finite_at"]) if finite else None
-        metrics[key] = MetricMinutes(
-            finite=[int(r[f"{key}_finite"] or 0) for r in mine],
-            sums=[float(r[f"{key}_sum"] or 0.0) for r in mine],
-            last=newest[f"{key}_last"],
-            last_finite=None if newest_finite is None else newest_finite[f"{key}_last_finite"],
-        )
-    return CheckData(metrics, runs.evals[i], names)
 
 
 def loss_row(

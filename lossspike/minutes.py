@@ -1,11 +1,12 @@
 """The minute layer: merging minute buckets into the statistics of any window.
 
-A minute bucket (lossspike.sql.minute_buckets) holds, per run, attempt, minute
-and loss base, the count of the finite losses and the sums of their offsets from
-the base. This module turns those sums into (count, mean, M2, floor, peak)
-partials and merges partials with Chan et al.'s pairwise update, which stays
-accurate where running sums of squares cancel. The tick, the backtest and the
-plot all merge through `combine`: one definition of a bucket, one merge.
+A minute bucket (the view's lossspike.sql.minute_buckets, the raw reads'
+loss_buckets) holds, per run, attempt, minute and loss base, the count of the
+finite losses and the sums of their offsets from the base. This module turns
+those sums into (count, mean, M2, floor, peak) partials and merges partials
+with Chan et al.'s pairwise update, which stays accurate where running sums of
+squares cancel. The tick, the backtest and the plot all merge through
+`combine`: one definition of a bucket, one merge.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from lossspike.sql import HISTORY_BLOCK_MINUTES
+from lossspike.checks import MetricMinutes
+from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES
 
+# A tick's check columns start with their metric's key (lossspike.sql.MINUTE_TYPES).
+_DENSE_PREFIXES = tuple(f"{key}_" for key in DENSE_CHECK_METRICS)
 # A timestamp column's NULL, as microseconds: older than any sample.
 NO_TIME = np.iinfo(np.int64).min
 MICROS_PER_MINUTE = 60_000_000
@@ -109,7 +113,12 @@ def bucket_partials(table: pa.Table) -> Partial:
 
 def filled(table: pa.Table, name: str, fill: Any, dtype: Any) -> np.ndarray:
     """A column as a numpy array, NULL replaced by `fill`."""
-    return table.column(name).fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
+    column = table.column(name)
+    if pa.types.is_decimal(column.type):
+        # DuckDB sums integers into 128-bit integers, which Arrow holds as decimals and numpy
+        # only as Python objects: a float holds every count exactly.
+        column = column.cast(pa.float64())
+    return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
 
 
 def micros(table: pa.Table, name: str) -> np.ndarray:
@@ -128,8 +137,9 @@ def minute_indexes(table: pa.Table, name: str = "minute") -> np.ndarray:
     return micros(table, name) // MICROS_PER_MINUTE
 
 
-def run_keys(table: pa.Table) -> tuple[list[tuple[str, str]], np.ndarray]:
-    """The (cluster, run) keys in code-point order, and each row's index into them."""
+def run_keys(table: pa.Table, enrolled: np.ndarray | None = None) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """The (cluster, run) keys of the `enrolled` rows (all by default) in code-point order,
+    and each row's index into them (-1 for a row whose run is not among them)."""
     codes = []
     names = []
     for name in ("run_cluster", "run_id"):
@@ -137,13 +147,17 @@ def run_keys(table: pa.Table) -> tuple[list[tuple[str, str]], np.ndarray]:
         codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
         names.append(encoded.dictionary.to_pylist())
     width = max(len(names[1]), 1)
-    pairs, inverse = np.unique(codes[0] * width + codes[1], return_inverse=True)
-    keys = [(names[0][int(p) // width], names[1][int(p) % width]) for p in pairs]
+    pair = codes[0] * width + codes[1]
+    pairs = np.unique(pair if enrolled is None else pair[enrolled])
+    if not len(pairs):
+        return [], np.full(len(pair), -1, dtype=np.int64)
+    keys = [(names[0][p // width], names[1][p % width]) for p in pairs.tolist()]
     # Engines order strings differently; Python's code-point order is the contract.
     order = sorted(range(len(keys)), key=keys.__getitem__)
     rank = np.empty(len(keys), dtype=np.int64)
     rank[order] = np.arange(len(keys))
-    return [keys[i] for i in order], rank[inverse.reshape(-1)]
+    at = np.minimum(np.searchsorted(pairs, pair), len(pairs) - 1)
+    return [keys[i] for i in order], np.where(pairs[at] == pair, rank[at], -1)
 
 
 def newest(slots: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
@@ -164,9 +178,12 @@ def stddev(partial: Partial) -> np.ndarray:
 
 def attempt_codes(table: pa.Table) -> np.ndarray:
     """Each row's attempt as a rank: NULL sorts below every UID, UIDs in code-point order."""
-    uids = table.column("execution_uid").to_pylist()
-    ranks = {uid: i + 1 for i, uid in enumerate(sorted({u for u in uids if u is not None}))}
-    return np.array([0 if u is None else ranks[u] for u in uids], dtype=np.int64)
+    encoded = table.column("execution_uid").combine_chunks().dictionary_encode()
+    uids = encoded.dictionary.to_pylist()
+    # Ranks 1.. by code point; the last slot, which a NULL's index -1 reads, is NULL's 0.
+    rank = np.zeros(len(uids) + 1, dtype=np.int64)
+    rank[sorted(range(len(uids)), key=uids.__getitem__)] = np.arange(1, len(uids) + 1)
+    return rank[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)]
 
 
 def newest_attempt(run: np.ndarray, attempt: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
@@ -231,8 +248,8 @@ class TickRuns(NamedTuple):
     # Slow divergence's older ten-minute blocks: finite counts and sums, (runs, blocks), oldest first.
     history_n: np.ndarray
     history_sum: np.ndarray
-    # The newest attempt's check rows and evaluation minutes, per run (lossspike.checks reads them).
-    check_rows: list[dict[str, list[dict[str, Any]]]]
+    # The newest attempt's check metrics by key and evaluation minutes, per run (lossspike.checks reads them).
+    checks: list[dict[str, MetricMinutes]]
     evals: list[list[tuple[float, int]]]
 
 
@@ -258,13 +275,23 @@ def tick_runs(
     always read the newest.
     """
     now_us = int((now - _EPOCH) // timedelta(microseconds=1))
-    part = np.array(table.column("part").to_pylist(), dtype=object)
-    hour_rows = table.filter(pa.array(part == "hour"))
-    keys, run = run_keys(hour_rows) if hour_rows.num_rows else ([], np.zeros(0, dtype=np.int64))
+    encoded = table.column("part").combine_chunks().dictionary_encode()
+    part_names = encoded.dictionary.to_pylist()
+    part_codes = encoded.indices.to_numpy(zero_copy_only=False)
+
+    def of_part(name: str) -> np.ndarray:
+        return part_codes == part_names.index(name) if name in part_names else np.zeros(table.num_rows, dtype=bool)
+
+    in_hour = of_part("hour")
+    # Each part's rows keep only the part's columns: the read is wide and mostly NULL.
+    loss_columns = [c for c in table.column_names if c.startswith("loss_")]
+    hour_columns = ["minute", "sample_at", *loss_columns, "last_loss_at", "job", "job_at"]
+    hour_rows = table.select(hour_columns).filter(pa.array(in_hour))
+    keys, owners = run_keys(table, in_hour)
+    run = owners[in_hour]
     size = len(keys)
-    index = {key: i for i, key in enumerate(keys)}
     codes = attempt_codes(table)
-    hour_codes = codes[part == "hour"]
+    hour_codes = codes[in_hour]
     chosen = newest_attempt(run, hour_codes, micros(hour_rows, "sample_at"), size)
     judged = np.ones(len(run), dtype=bool) if attempts == "all" else hour_codes == chosen[run]
     slots = _slots(hour_rows, now_us, hour)
@@ -275,59 +302,89 @@ def tick_runs(
     not_finite = np.bincount(cells, filled(hour_rows, "loss_not_finite", 0, np.int64)[judged], size * hour)
     loss_at = np.full(size, NO_TIME, dtype=np.int64)
     np.maximum.at(loss_at, run, micros(hour_rows, "last_loss_at"))
-    jobs = hour_rows.column("job").to_pylist()
     job_row = newest(run, micros(hour_rows, "job_at"), size)
+    jobs = hour_rows.column("job").take(pa.array(np.maximum(job_row, 0))).to_pylist() if size else []
 
-    def rows_of(name: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-        mask = part == name
-        rows = table.filter(pa.array(mask))
-        pairs = zip(rows.column("run_cluster").to_pylist(), rows.column("run_id").to_pylist(), strict=True)
-        found = [index.get(pair, -1) for pair in pairs]
-        return rows, np.array(found, dtype=np.int64), codes[mask]
+    def rows_of(name: str, newest_only: bool, columns: list[str]) -> tuple[pa.Table, np.ndarray]:
+        """A part's `columns` in the rows of enrolled runs (of their newest attempts only if
+        asked), and each row's run."""
+        mask = of_part(name) & (owners >= 0)
+        if newest_only:
+            mask &= codes == chosen[np.maximum(owners, 0)]
+        return table.select(columns).filter(pa.array(mask)), owners[mask]
 
     blocks = max(0, -(-(history - hour) // block_minutes))
     history_n = np.zeros((size, blocks))
     history_sum = np.zeros((size, blocks))
-    rows, owner, attempt = rows_of("history")
+    rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum"])
     if rows.num_rows and blocks:
-        keep = (owner >= 0) & ((attempts == "all") | (attempt == chosen[np.maximum(owner, 0)]))
         age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
         position = blocks - 1 - (age - 1) // block_minutes
-        keep &= (position >= 0) & (position < blocks)
+        keep = (position >= 0) & (position < blocks)
         np.add.at(history_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
         np.add.at(history_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
 
-    check_rows: list[dict[str, list[dict[str, Any]]]] = [{} for _ in range(size)]
-    rows, owner, attempt = rows_of("checks")
-    if rows.num_rows:
-        records = rows.to_pylist()
-        for record, who, code in zip(records, owner.tolist(), attempt.tolist(), strict=True):
-            if who >= 0 and code == chosen[who]:
-                check_rows[who].setdefault("minutes", []).append(record)
+    rows, owner = rows_of("checks", True, ["minute", *(c for c in table.column_names if c.startswith(_DENSE_PREFIXES))])
+    checks = _check_metrics(rows, owner, size)
     evals: list[list[tuple[float, int]]] = [[] for _ in range(size)]
-    rows, owner, attempt = rows_of("eval")
+    rows, owner = rows_of("eval", True, ["minute", "eval_last_finite", "eval_last_finite_at"])
     if rows.num_rows:
         values = rows.column("eval_last_finite").to_pylist()
         at = micros(rows, "eval_last_finite_at")
         minute = micros(rows, "minute")
-        for i, (who, code) in enumerate(zip(owner.tolist(), attempt.tolist(), strict=True)):
-            if who >= 0 and code == chosen[who]:
-                evals[who].append((float(values[i]), int(minute[i]), int(at[i])))
+        found: list[list[tuple[float, int, int]]] = [[] for _ in range(size)]
+        for i, who in enumerate(owner.tolist()):
+            found[who].append((float(values[i]), int(minute[i]), int(at[i])))
         fresh_from = now_us - eval_fresh * MICROS_PER_MINUTE
-        for i, found in enumerate(evals):
-            found.sort(key=lambda e: e[1], reverse=True)
-            kept = [(value, minute) for value, minute, _ in found[:2]]
+        for i, mine in enumerate(found):
+            mine.sort(key=lambda e: e[1], reverse=True)
+            kept = [(value, minute) for value, minute, _ in mine[:2]]
             # The newest evaluation must be recent; the one before it may be a day old.
-            evals[i] = kept if found and found[0][2] >= fresh_from else []
+            evals[i] = kept if mine and mine[0][2] >= fresh_from else []
     return TickRuns(
         keys,
-        [(jobs[j] or "") if j >= 0 else "" for j in job_row.tolist()],
+        [(jobs[r] or "") if j >= 0 else "" for r, j in enumerate(job_row.tolist())],
         grid,
         samples.reshape(size, hour),
         not_finite.reshape(size, hour),
         [None if t == NO_TIME else instant(int(t)) for t in loss_at.tolist()],
         history_n,
         history_sum,
-        check_rows,
+        checks,
         evals,
     )
+
+
+def _check_metrics(rows: pa.Table, owner: np.ndarray, size: int) -> list[dict[str, MetricMinutes]]:
+    """Per run, its check metrics from the check minutes `rows` (`owner`: each row's run):
+    a metric's minutes with data oldest first, its newest value and newest finite value."""
+    out: list[dict[str, MetricMinutes]] = [{} for _ in range(size)]
+    if not rows.num_rows:
+        return out
+    order = np.lexsort((micros(rows, "minute"), owner))
+    rows, owner = rows.take(pa.array(order)), owner[order]
+    for key in DENSE_CHECK_METRICS:
+        last_at = micros(rows, f"{key}_last_at")
+        mine = np.flatnonzero(last_at != NO_TIME)
+        if not len(mine):
+            continue
+        who = owner[mine]
+        newest_row = mine[newest(who, last_at[mine], size)]
+        finite_at = micros(rows, f"{key}_last_finite_at")[mine]
+        newest_finite = newest(who, finite_at, size)
+        newest_finite = np.where(newest_finite >= 0, mine[np.maximum(newest_finite, 0)], -1)
+        finite = filled(rows, f"{key}_finite", 0, np.int64)[mine].tolist()
+        sums = filled(rows, f"{key}_sum", 0.0, np.float64)[mine].tolist()
+        last = rows.column(f"{key}_last")
+        last_finite = rows.column(f"{key}_last_finite")
+        starts = np.r_[0, np.flatnonzero(np.diff(who)) + 1, len(who)].tolist()
+        for start, stop in zip(starts[:-1], starts[1:], strict=True):
+            run = int(who[start])
+            finite_row = int(newest_finite[run])
+            out[run][key] = MetricMinutes(
+                finite=finite[start:stop],
+                sums=sums[start:stop],
+                last=last[int(newest_row[run])].as_py(),
+                last_finite=None if finite_row < 0 else last_finite[finite_row].as_py(),
+            )
+    return out

@@ -43,9 +43,15 @@ class Dialect:
     newest: str  # the value of the newest row by a key, NULLs skipped
     in_list: str
     minute: str  # the timestamp rounded down to its UTC minute, still a timestamp
-    # The start of the minute, counted back from the parameter {1} (a tick's now), holding {0}:
-    # windows ending at any instant are then unions of whole buckets.
-    aligned_minute: str
+    # A raw read's minute keys are integers, computed once a row: cheaper than timestamp
+    # arithmetic, and a plain column to group by. Clock minutes since the epoch of {}...
+    minute_index: str
+    index_minute: str  # ...and the clock minute's start from its index
+    # The minute counted back from the instant {1} (a tick's now) holding {0}: 1 for
+    # [{1} - 1 min, {1}), 2 for the minute before; windows ending at any instant are then
+    # unions of whole buckets...
+    minutes_back: str
+    minutes_earlier: str  # ...and the instant {0} whole minutes before {1}, the bucket's start
     minutes_before: str  # whole minutes from timestamp {1} back to timestamp {0} earlier
     ceil_div: str  # a quotient rounded up, as an integer
     row_number: str  # ROW_NUMBER() over a partition and an order
@@ -63,11 +69,12 @@ BIGQUERY = Dialect(
     newest="MAX_BY({}, {})",
     in_list="{} IN UNNEST({})",
     minute="TIMESTAMP_TRUNC({}, MINUTE)",
-    # CEIL of a quotient of whole microseconds is exact: a non-integer quotient is at least
-    # 1/60000000 from an integer, far more than a float's rounding at these magnitudes.
-    aligned_minute=(
-        "TIMESTAMP_SUB({1}, INTERVAL CAST(CEIL(TIMESTAMP_DIFF({1}, {0}, MICROSECOND) / 60000000) AS INT64) MINUTE)"
-    ),
+    # FLOOR and CEIL of a quotient of whole microseconds are exact: a non-integer quotient is at
+    # least 1/60000000 from an integer, far more than a float's rounding at these magnitudes.
+    minute_index="CAST(FLOOR(UNIX_MICROS({}) / 60000000) AS INT64)",
+    index_minute="TIMESTAMP_SECONDS({} * 60)",
+    minutes_back="CAST(CEIL(TIMESTAMP_DIFF({1}, {0}, MICROSECOND) / 60000000) AS INT64)",
+    minutes_earlier="TIMESTAMP_SUB({1}, INTERVAL {0} MINUTE)",
     minutes_before="TIMESTAMP_DIFF({1}, {0}, MINUTE)",
     ceil_div="CAST(CEIL({} / {}) AS INT64)",
     row_number="ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {})",
@@ -86,8 +93,11 @@ DUCKDB = Dialect(
     in_list="list_contains({1}, {0})",
     # Epoch arithmetic again: date_trunc on TIMESTAMPTZ would consult the session time zone.
     minute="to_timestamp(CAST(floor(epoch_us({}) / 60000000) AS BIGINT) * 60)",
+    minute_index="CAST(floor(epoch_us({}) / 60000000) AS BIGINT)",
+    index_minute="to_timestamp({} * 60)",
+    minutes_back="(epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1",
     # Interval arithmetic on TIMESTAMPTZ is exact in the UTC session the stores set.
-    aligned_minute="{1} - to_minutes(CAST((epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1 AS BIGINT))",
+    minutes_earlier="{1} - to_minutes(CAST({0} AS BIGINT))",
     minutes_before="CAST((epoch_us({1}) - epoch_us({0})) // 60000000 AS BIGINT)",
     ceil_div="CAST(ceil({} / {}) AS BIGINT)",
     row_number="row_number() OVER (PARTITION BY {} ORDER BY {})",
@@ -120,6 +130,8 @@ CHECK_METRICS = (
 # The role a bucket's metric plays: its own rows for the loss and for the evaluation loss
 # (read over a day, so kept apart to prune), one row for every other metric of a run-minute.
 LOSS_ROLE, EVAL_ROLE, OTHER_ROLE = "loss", "eval", ""
+# The check metrics read minute by minute over the checks' window (the evaluation loss is sparse).
+DENSE_CHECK_METRICS = tuple(key for key in CHECK_METRICS if key != "eval")
 
 
 @dataclass(frozen=True)
@@ -176,8 +188,9 @@ def watched_runs(dialect: Dialect, selection: Selection, params: dict[str, objec
     params["run_pattern"] = selection.run_pattern
     # SPEC: `\` escapes % and _. GoogleSQL's LIKE escapes with it by default; DuckDB's LIKE
     # has no escape character unless an ESCAPE clause names one
-    # (https://motherduck.com/glossary/like-operator/, "Escaping wildcards").
-    escape = " ESCAPE '\\'" if dialect.name == "duckdb" else ""
+    # (https://motherduck.com/glossary/like-operator/, "Escaping wildcards"). Only a pattern
+    # holding a `\` needs the clause, and DuckDB matches a LIKE with one five times slower.
+    escape = " ESCAPE '\\'" if dialect.name == "duckdb" and "\\" in selection.run_pattern else ""
     return f"run_id LIKE {dialect.param.format('run_pattern')}{escape}"
 
 
@@ -350,53 +363,19 @@ def metric_names(selection: Selection) -> dict[str, str]:
     return {key: getattr(selection, f"{key}_metric") for key in CHECK_METRICS}
 
 
-def minute_buckets(
-    dialect: Dialect,
-    table: str,
-    selection: Selection,
-    params: dict[str, object] | None = None,
-    start: datetime | None = None,
-    end: datetime | None = None,
-    since: datetime | None = None,
-    aligned_to: str = "",
-    dense_start: datetime | None = None,
-    parts: tuple[str, ...] = ("loss", "checks"),
-) -> str:
-    """The SELECT reducing raw telemetry to minute buckets.
+def minute_buckets(dialect: Dialect, table: str, selection: Selection, since: datetime | None = None) -> str:
+    """The rollup view's SELECT: raw telemetry reduced to minute buckets of every role.
 
-    `parts` picks the column groups computed (the view holds both): a raw read computes the
-    loss's over its hours and the checks' over their minutes only, since every conditional
-    aggregate is evaluated on every row it reads.
-
-    With `params`, filters are query parameters added to it and [start, end) bounds
-    the rows read (the evaluation loss's rows only, where `dense_start` cuts the others
-    shorter); without, filters are literals and `since` (a whole time) is the view's
-    lower bound, as a materialized view needs. Buckets are clock minutes, or with
-    `aligned_to` (a parameter name) minutes counted back from that instant.
+    Filters are literals and `since` (a whole time) is the lower bound, as a materialized
+    view needs; buckets are clock minutes. A raw read reduces with `loss_buckets` and
+    `check_minutes` instead, which read only the rows and columns each part uses.
     """
     d = dialect
     names = metric_names(selection)
-    if params is None:
-        service, loss = literal(selection.service, "service"), literal(selection.metric, "metric")
-        checks = {key: literal(name, f"{key} metric") for key, name in names.items()}
-        runs = f"run_id LIKE {literal(selection.run_pattern, 'run pattern')}"
-        bounds = "" if since is None else f"timestamp >= TIMESTAMP '{since.astimezone(UTC):%Y-%m-%d %H:%M:%S}'\n  AND "
-    else:
-        p = d.param.format
-        params["service"], params["metric"] = selection.service, selection.metric
-        service, loss = p("service"), p("metric")
-        checks = {}
-        # The evaluation loss names a role; the other check metrics only their own columns.
-        for key, name in names.items():
-            if key == "eval" or "checks" in parts:
-                params[f"{key}_metric"] = name
-                checks[key] = p(f"{key}_metric")
-        runs = watched_runs(d, selection, params)
-        params["rows_start"], params["rows_end"] = start, end
-        bounds = f"timestamp >= {p('rows_start')}\n  AND timestamp < {p('rows_end')}\n  AND "
-        if dense_start is not None:
-            params["dense_start"] = dense_start
-            bounds += f"(timestamp >= {p('dense_start')} OR name = {checks['eval']})\n  AND "
+    service, loss = literal(selection.service, "service"), literal(selection.metric, "metric")
+    checks = {key: literal(name, f"{key} metric") for key, name in names.items()}
+    runs = f"run_id LIKE {literal(selection.run_pattern, 'run pattern')}"
+    bounds = "" if since is None else f"timestamp >= TIMESTAMP '{since.astimezone(UTC):%Y-%m-%d %H:%M:%S}'\n  AND "
     is_loss = f"name = {loss}"
     finite = d.finite.format("value")
     offset = "value - TRUNC(value)"
@@ -405,22 +384,12 @@ def minute_buckets(
         return d.if_.format(condition, value)
 
     role = f"CASE WHEN {is_loss} THEN '{LOSS_ROLE}' WHEN name = {checks['eval']} THEN '{EVAL_ROLE}' ELSE '' END"
-    minute = d.minute.format("timestamp")
-    if aligned_to:
-        minute = d.aligned_minute.format("timestamp", d.param.format(aligned_to))
     base = when(f"{is_loss} AND {finite}", "TRUNC(value)")
-    source = quote_table(d, table)
-    if params is not None:
-        # The keys are computed per row below the GROUP BY: an engine that binds each use of a
-        # parameter on its own would not see a grouped expression as the selected one.
-        keys = f"{minute} AS bucket_minute, {role} AS bucket_role, {base} AS bucket_base"
-        source = f"(SELECT *, {keys} FROM {source}) AS samples"
-        minute, role, base = "bucket_minute", "bucket_role", "bucket_base"
     columns = {
         "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
-        "minute": minute,
+        "minute": d.minute.format("timestamp"),
         "metric": role,
         "loss_base": base,
         "samples": "COUNT(*)",
@@ -436,9 +405,7 @@ def minute_buckets(
         "job": newest_job(d),
         "job_at": f"MAX({when(JOB_PRESENT, 'timestamp')})",
     }
-    if "loss" not in parts:
-        columns = {k: v for k, v in columns.items() if k in _BUCKET_KEYS or k in ("samples", "sample_at")}
-    for key, name in checks.items() if "checks" in parts else ():
+    for key, name in checks.items():
         mine, fine = f"name = {name}", f"name = {name} AND {finite}"
         columns[f"{key}_finite"] = d.count_if.format(fine)
         columns[f"{key}_sum"] = f"SUM({when(fine, 'value')})"
@@ -449,12 +416,211 @@ def minute_buckets(
     listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
     return f"""SELECT
   {listed}
-FROM {source}
+FROM {quote_table(d, table)}
 WHERE {bounds}service = {service}
   AND value IS NOT NULL
   AND run_id <> ''
   AND {runs}
 GROUP BY {", ".join(_BUCKET_KEYS)}"""
+
+
+def _raw_rows(
+    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], columns: list[str], where: str
+) -> str:
+    """The watched runs' Levanter rows that `where` keeps, with `columns` computed once each."""
+    p = dialect.param.format
+    params["service"] = selection.service
+    runs = watched_runs(dialect, selection, params)
+    kept = [where, f"service = {p('service')}", "value IS NOT NULL", "run_id <> ''", runs]
+    conditions = "\n    AND ".join(kept)
+    return f"SELECT\n    {', '.join(columns)}\n  FROM {quote_table(dialect, table)}\n  WHERE {conditions}"
+
+
+def loss_buckets(
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object],
+    start: str,
+    end: str,
+    *,
+    aligned_to: str = "",
+    every_metric_from: str = "",
+) -> str:
+    """The SELECT reducing raw rows in [@start, @end) to the buckets' keys and loss columns.
+
+    A raw read's minute bucket: per run, attempt, minute, loss base and job, every metric's
+    samples (enrollment, the newest attempt, the job) and the loss's statistics, with no
+    roles (each part reads its own rows). The loss's rows and the other metrics' are
+    reduced apart, so that each row goes only to the aggregates it feeds; with
+    `every_metric_from`, the other metrics' rows start there. Buckets are clock minutes,
+    or with `aligned_to` minutes counted back from that instant; `bucket_minute` is the
+    integer key (clock minutes since the epoch, or minutes back: 1 is the minute just
+    before). The instants are names of parameters bound in `params`; the filters' are added.
+    """
+    d = dialect
+    p = d.param.format
+    params["metric"] = selection.metric
+    others_start = every_metric_from or start
+    if aligned_to:
+        index = d.minutes_back.format("timestamp", p(aligned_to))
+        minute = d.minutes_earlier.format("bucket_minute", p(aligned_to))
+    else:
+        index, minute = d.minute_index.format("timestamp"), d.index_minute.format("bucket_minute")
+    finite = d.finite.format("value")
+    keys = [
+        "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
+        "run_id",
+        "execution_uid",
+        f"{index} AS bucket_minute",
+        "timestamp",
+        "job_id",
+    ]
+    losses = _raw_rows(
+        d,
+        table,
+        selection,
+        params,
+        [
+            *keys,
+            f"{d.if_.format(finite, 'TRUNC(value)')} AS bucket_base",
+            # The finite losses; NULL elsewhere, which every aggregate below skips.
+            f"{d.if_.format(finite, 'value')} AS loss_value",
+        ],
+        f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}\n    AND name = {p('metric')}",
+    )
+    others = _raw_rows(
+        d,
+        table,
+        selection,
+        params,
+        keys,
+        f"timestamp >= {p(others_start)}\n    AND timestamp < {p(end)}"
+        f"\n    AND (name IS NULL OR name <> {p('metric')})",
+    )
+    offset = "loss_value - bucket_base"
+    shared = {
+        "run_cluster": "run_cluster",
+        "run_id": "run_id",
+        "execution_uid": "execution_uid",
+        "bucket_minute": "bucket_minute",
+        "minute": minute,
+    }
+    # The job is a key, not a newest-value aggregate: a run rarely changes job within a
+    # minute, and an engine groups by one more string faster than it takes a string's
+    # newest value. The reads merge the rows of a minute's jobs.
+    job = {"job": "NULLIF(job_id, '')", "job_at": f"MAX({d.if_.format(JOB_PRESENT, 'timestamp')})"}
+    loss_columns = {
+        **shared,
+        "loss_base": "bucket_base",
+        "samples": "COUNT(*)",
+        "sample_at": "MAX(timestamp)",
+        "loss_samples": "COUNT(*)",
+        "loss_not_finite": "COUNT(*) - COUNT(loss_value)",
+        "loss_finite": "COUNT(loss_value)",
+        "loss_sum": f"SUM({offset})",
+        "loss_sum_squares": f"SUM(({offset}) * ({offset}))",
+        "loss_floor": "MIN(loss_value)",
+        "loss_peak": "MAX(loss_value)",
+        "last_loss_at": "MAX(timestamp)",
+        **job,
+    }
+
+    def typed_null(column: str) -> str:
+        kind = MINUTE_TYPES[column]
+        return f"CAST(NULL AS {d.types.get(kind, kind)})"
+
+    other_columns = {
+        **shared,
+        "loss_base": typed_null("loss_base"),
+        "samples": "COUNT(*)",
+        "sample_at": "MAX(timestamp)",
+        **{c: "0" if MINUTE_TYPES[c] == "INT64" else typed_null(c) for c in _LOSS_COLUMNS},
+        **job,
+    }
+
+    def listed(columns: dict[str, str]) -> str:
+        return ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
+
+    return f"""SELECT
+  {listed(loss_columns)}
+FROM (
+  {losses}
+) AS losses
+GROUP BY run_cluster, run_id, execution_uid, bucket_minute, bucket_base, job_id
+UNION ALL
+SELECT
+  {listed(other_columns)}
+FROM (
+  {others}
+) AS others
+GROUP BY run_cluster, run_id, execution_uid, bucket_minute, job_id"""
+
+
+def check_minutes(
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object],
+    windows: TickWindows,
+) -> str:
+    """The SELECT reducing raw rows to the check metrics' minutes: one row per run, attempt,
+    minute back from @now and metric name, each row going to its own metric's aggregates.
+
+    The dense metrics' rows of the `checks` minutes and the evaluation loss's of the `eval`
+    minutes, with the view's roles: a name that is the loss's is no check metric, and the
+    evaluation loss's name is no dense one.
+    """
+    d = dialect
+    p = d.param.format
+    now = windows.now
+    params["metric"], params["eval_metric"] = selection.metric, selection.eval_metric
+    names = metric_names(selection)
+    finite = d.finite.format("value")
+    columns = [
+        "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
+        "run_id",
+        "execution_uid",
+        f"{d.minutes_back.format('timestamp', p('now'))} AS bucket_minute",
+        "name",
+        "value",
+        "timestamp",
+        f"{d.if_.format(finite, 'value')} AS finite_value",
+        f"{d.if_.format(finite, 'timestamp')} AS finite_at",
+    ]
+    # One read per window, each filtering on its own time and names: an engine prunes the
+    # dense metrics' read to its minutes and filters the day's rows by name as it scans them.
+    reads = []
+    if windows.checks:
+        for key in DENSE_CHECK_METRICS:
+            params[f"{key}_metric"] = names[key]
+        listed = ", ".join(p(f"{key}_metric") for key in DENSE_CHECK_METRICS)
+        params["checks_start"] = now - timedelta(minutes=windows.checks)
+        where = (
+            f"timestamp >= {p('checks_start')}\n    AND timestamp < {p('now')}\n"
+            f"    AND name IN ({listed}) AND name <> {p('metric')} AND name <> {p('eval_metric')}"
+        )
+        reads.append(_raw_rows(d, table, selection, params, columns, where))
+    if windows.eval:
+        params["eval_start"] = now - timedelta(minutes=windows.eval)
+        where = (
+            f"timestamp >= {p('eval_start')}\n    AND timestamp < {p('now')}\n"
+            f"    AND name = {p('eval_metric')} AND name <> {p('metric')}"
+        )
+        reads.append(_raw_rows(d, table, selection, params, columns, where))
+    rows = "\n  UNION ALL\n  ".join(reads)
+    return f"""SELECT
+  run_cluster, run_id, execution_uid, bucket_minute, name,
+  COUNT(finite_value) AS finite,
+  SUM(finite_value) AS sum,
+  {d.newest.format("value", "timestamp")} AS last,
+  MAX(timestamp) AS last_at,
+  {d.newest.format("finite_value", "finite_at")} AS last_finite,
+  MAX(finite_at) AS last_finite_at
+FROM (
+  {rows}
+) AS samples
+GROUP BY run_cluster, run_id, execution_uid, bucket_minute, name"""
 
 
 def _attempt_filter(dialect: Dialect, selection: Selection, params: dict[str, object]) -> str:
@@ -481,14 +647,11 @@ def bucket_groups_query(
     d = dialect
     params: dict[str, object] = {}
     # The backtest replays the loss reasons: the checks' columns are not computed.
-    buckets = minute_buckets(d, telemetry_table, selection, params, start, end, parts=("loss",))
+    params.update(rows_start=start, rows_end=end)
+    buckets = loss_buckets(d, telemetry_table, selection, params, "rows_start", "rows_end")
     source = f"(\n{buckets}\n) AS buckets"
     attempt = _attempt_filter(d, selection, params)
-    loss = ",\n  ".join(
-        f"{'MIN' if c == 'loss_floor' else 'MAX' if c in ('loss_peak', 'last_loss_at') else 'SUM'}"
-        f"({d.if_.format(attempt, c)}) AS {c}"
-        for c in _LOSS_COLUMNS
-    )
+    loss = ",\n  ".join(f"{_merged(c, d.if_.format(attempt, c))} AS {c}" for c in _LOSS_COLUMNS)
     sql = f"""SELECT
   run_cluster,
   run_id,
@@ -544,74 +707,48 @@ def tick_read_query(
     `hour`: per attempt, minute and loss base, every metric (enrollment, job, newest
     attempt, the loss windows); `checks`: the dense check metrics' minutes; `eval`: the
     two newest minutes with a finite evaluation loss per attempt; `history`: the loss
-    in ten-minute blocks before the hour. Each part filters the bucket's role and
-    minute first, the rollup view's clustering order, so a read prunes to what it uses.
-    From the view when one is named (then `now` must be a whole minute), else from
-    raw telemetry bucketed back from `now`, which makes any `now` exact.
+    in ten-minute blocks before the hour. From the view when one is named (then `now`
+    must be a whole minute), else from raw telemetry bucketed back from `now`, which
+    makes any `now` exact.
     """
+    params: dict[str, object] = {"now": windows.now}
+    if rollup_table:
+        parts = _view_parts(dialect, selection, windows, rollup_table, params)
+        return Query("\nUNION ALL\n".join(parts), params)
+    return _raw_read(dialect, selection, windows, telemetry_table, params)
+
+
+def _part(dialect: Dialect, part: str, chosen: dict[str, str]) -> str:
+    """A part's SELECT list: every bucket column, the `chosen` expressions, typed NULL elsewhere."""
+    listed = [f"'{part}' AS part"]
+    for name, kind in MINUTE_TYPES.items():
+        listed.append(
+            f"{chosen[name]} AS {name}"
+            if name in chosen
+            else f"CAST(NULL AS {dialect.types.get(kind, kind)}) AS {name}"
+        )
+    return ", ".join(listed)
+
+
+def _view_parts(
+    dialect: Dialect, selection: Selection, windows: TickWindows, rollup_table: str, params: dict[str, object]
+) -> list[str]:
+    """The four parts read from the rollup view. Each filters the bucket's role and minute
+    first, the view's clustering order, so a read prunes to what it uses."""
     d = dialect
     p = d.param.format
     now = windows.now
-    params: dict[str, object] = {"now": now, "hour_start": now - timedelta(minutes=windows.hour)}
-    prefix = ""
-    if rollup_table:
-        source = check_source = quote_table(d, rollup_table)
-        runs = f"\n    AND {watched_runs(d, selection, params)}"
-    else:
-        # The loss's hours and the checks' minutes in two reductions of the raw rows: the wide
-        # check columns are computed over the quarter hour and the evaluation rows only.
-        loss_params: dict[str, object] = {}
-        inner = minute_buckets(
-            d,
-            telemetry_table,
-            selection,
-            loss_params,
-            now - timedelta(minutes=max(windows.hour, windows.history)),
-            now,
-            aligned_to="now",
-            parts=("loss",),
-        )
-        check_params: dict[str, object] = {}
-        recent = max(windows.checks, 1)
-        checks_inner = minute_buckets(
-            d,
-            telemetry_table,
-            selection,
-            check_params,
-            now - timedelta(minutes=max(recent, windows.eval)),
-            now,
-            aligned_to="now",
-            dense_start=now - timedelta(minutes=recent) if windows.eval > recent else None,
-            parts=("checks",),
-        )
-        # Both reductions bind the same values to the same names; the rows' bounds differ.
-        checks_inner = checks_inner.replace(d.param.format("rows_start"), d.param.format("check_rows_start"))
-        check_params["check_rows_start"] = check_params.pop("rows_start")
-        params.update(loss_params)
-        prefix = f"WITH buckets AS (\n{inner}\n)\n"
-        if windows.checks or windows.eval:
-            # The checks' reduction and its parameters only when a part reads it: an engine
-            # refuses a named parameter the text does not name.
-            params.update(check_params)
-            prefix = f"WITH buckets AS (\n{inner}\n),\ncheck_buckets AS (\n{checks_inner}\n)\n"
-        source = "buckets"
-        check_source = "check_buckets"
-        runs = ""
+    params["hour_start"] = now - timedelta(minutes=windows.hour)
+    source = quote_table(d, rollup_table)
+    runs = f"\n    AND {watched_runs(d, selection, params)}"
     attempt = _attempt_filter(d, selection, params)
 
-    def typed_null(kind: str) -> str:
-        return f"CAST(NULL AS {d.types.get(kind, kind)})"
-
-    def branch(part: str, where: str, group: str, chosen: dict[str, str], table: str = "") -> str:
-        listed = [f"'{part}' AS part"]
-        for name, kind in MINUTE_TYPES.items():
-            listed.append(f"{chosen[name]} AS {name}" if name in chosen else f"{typed_null(kind)} AS {name}")
-        body = f"SELECT\n    {', '.join(listed)}\n  FROM {table or source}\n  WHERE {where}{runs}"
+    def branch(part: str, where: str, group: str, chosen: dict[str, str]) -> str:
+        body = f"SELECT\n    {_part(d, part, chosen)}\n  FROM {source}\n  WHERE {where}{runs}"
         return body + (f"\n  GROUP BY {group}" if group else "")
 
     def loss(column: str) -> str:
-        fn = {"loss_floor": "MIN", "loss_peak": "MAX", "last_loss_at": "MAX"}.get(column, "SUM")
-        return f"{fn}({d.if_.format(attempt, column)})"
+        return _merged(column, d.if_.format(attempt, column))
 
     keys = {k: k for k in ("run_cluster", "run_id", "execution_uid", "minute")}
     hour = branch(
@@ -630,11 +767,10 @@ def tick_read_query(
         },
     )
     parts = [hour]
-    dense_keys = [k for k in CHECK_METRICS if k != "eval"]
     if windows.checks:
         params["checks_start"] = now - timedelta(minutes=windows.checks)
         chosen = {**keys}
-        for key in dense_keys:
+        for key in DENSE_CHECK_METRICS:
             for part in CHECK_PARTS:
                 column = f"{key}_{part}"
                 if part in ("finite", "sum"):
@@ -649,7 +785,6 @@ def tick_read_query(
                 f"metric = '{OTHER_ROLE}' AND minute >= {p('checks_start')} AND minute < {p('now')}",
                 "run_cluster, run_id, execution_uid, minute",
                 chosen,
-                check_source,
             )
         )
     if windows.eval:
@@ -659,18 +794,15 @@ def tick_read_query(
         inner = (
             f"SELECT run_cluster, run_id, execution_uid, minute, {newest} AS eval_last_finite,"
             f" MAX(eval_last_finite_at) AS eval_last_finite_at\n"
-            f"  FROM {check_source}\n"
+            f"  FROM {source}\n"
             f"  WHERE metric = '{EVAL_ROLE}' AND minute >= {p('eval_start')} AND minute < {p('now')}"
             f" AND eval_last_finite_at IS NOT NULL{runs}\n"
             f"  GROUP BY run_cluster, run_id, execution_uid, minute"
         )
         ranked_sql = f"SELECT *, {ranked} AS eval_rank FROM (\n  {inner}\n  ) AS eval_minutes"
-        listed = ["'eval' AS part"]
-        for name, kind in MINUTE_TYPES.items():
-            present = name in keys or name.startswith("eval_last_finite")
-            listed.append(f"{name}" if present else f"{typed_null(kind)} AS {name}")
+        chosen = {**keys, "eval_last_finite": "eval_last_finite", "eval_last_finite_at": "eval_last_finite_at"}
         parts.append(
-            f"SELECT\n    {', '.join(listed)}\n  FROM (\n  {ranked_sql}\n  ) AS eval_ranked"
+            f"SELECT\n    {_part(d, EVAL_PART, chosen)}\n  FROM (\n  {ranked_sql}\n  ) AS eval_ranked"
             f"\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT}"
         )
     if windows.history > windows.hour:
@@ -693,7 +825,111 @@ def tick_read_query(
                 },
             )
         )
-    return Query(prefix + "\nUNION ALL\n".join(parts), params)
+    return parts
+
+
+def _merged(column: str, value: str) -> str:
+    """The aggregate merging a loss column's `value` over buckets."""
+    fn = {"loss_floor": "MIN", "loss_peak": "MAX", "last_loss_at": "MAX"}.get(column, "SUM")
+    return f"{fn}({value})"
+
+
+def _raw_read(
+    dialect: Dialect, selection: Selection, windows: TickWindows, telemetry_table: str, params: dict[str, object]
+) -> Query:
+    """The four parts from raw telemetry, in two reductions that each read only their rows:
+    `buckets`, every metric's rows of the hour and the loss's of the history; `check_minutes`,
+    the check metrics' rows of their windows, one row per metric and minute (the check
+    columns are spread over the bucket's per metric after the reduction, on few rows)."""
+    d = dialect
+    p = d.param.format
+    now = windows.now
+    history = windows.history > windows.hour
+    params["hour_start"] = now - timedelta(minutes=windows.hour)
+    if history:
+        params["history_start"] = now - timedelta(minutes=windows.history)
+        buckets = loss_buckets(
+            d,
+            telemetry_table,
+            selection,
+            params,
+            "history_start",
+            "now",
+            aligned_to="now",
+            every_metric_from="hour_start",
+        )
+    else:
+        buckets = loss_buckets(d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now")
+    reductions = [f"buckets AS (\n{buckets}\n)"]
+    if windows.checks or windows.eval:
+        reductions.append(f"check_minutes AS (\n{check_minutes(d, telemetry_table, selection, params, windows)}\n)")
+    attempt = _attempt_filter(d, selection, params)
+
+    def judged(column: str) -> str:
+        return column if attempt == "TRUE" else d.if_.format(attempt, column)
+
+    keys = {"run_cluster": "run_cluster", "run_id": "run_id", "execution_uid": "execution_uid"}
+    in_hour = ""
+    if history:
+        params["hour_minutes"] = windows.hour
+        in_hour = f"\n  WHERE bucket_minute <= {p('hour_minutes')}"
+    hour = {
+        **keys,
+        "minute": "MIN(minute)",
+        "loss_base": "loss_base",
+        "samples": "SUM(samples)",
+        "sample_at": "MAX(sample_at)",
+        **{c: _merged(c, judged(c)) for c in _LOSS_COLUMNS},
+        "job": d.newest.format("job", "job_at"),
+        "job_at": "MAX(job_at)",
+    }
+    parts = [
+        f"SELECT\n    {_part(d, HOUR_PART, hour)}\n  FROM buckets{in_hour}"
+        "\n  GROUP BY run_cluster, run_id, execution_uid, bucket_minute, loss_base"
+    ]
+    minute = d.minutes_earlier.format("bucket_minute", p("now"))
+    if windows.checks:
+
+        def of(key: str, column: str) -> str:
+            return d.if_.format(f"name = {p(f'{key}_metric')}", column)
+
+        chosen = {**keys, "minute": minute}
+        for key in DENSE_CHECK_METRICS:
+            chosen[f"{key}_finite"] = f"SUM({of(key, 'finite')})"
+            chosen[f"{key}_sum"] = f"SUM({of(key, 'sum')})"
+            chosen[f"{key}_last"] = d.newest.format(of(key, "last"), of(key, "last_at"))
+            chosen[f"{key}_last_at"] = f"MAX({of(key, 'last_at')})"
+            chosen[f"{key}_last_finite"] = d.newest.format(of(key, "last_finite"), of(key, "last_finite_at"))
+            chosen[f"{key}_last_finite_at"] = f"MAX({of(key, 'last_finite_at')})"
+        parts.append(
+            f"SELECT\n    {_part(d, CHECKS_PART, chosen)}\n  FROM check_minutes\n"
+            f"  WHERE name <> {p('eval_metric')}\n  GROUP BY run_cluster, run_id, execution_uid, bucket_minute"
+        )
+    if windows.eval:
+        # Minutes back from now: the newest minute ranks first.
+        ranked = d.row_number.format("run_cluster, run_id, execution_uid", "bucket_minute")
+        chosen = {**keys, "minute": minute, "eval_last_finite": "last_finite", "eval_last_finite_at": "last_finite_at"}
+        parts.append(
+            f"SELECT\n    {_part(d, EVAL_PART, chosen)}\n  FROM (\n"
+            f"  SELECT *, {ranked} AS eval_rank FROM check_minutes\n"
+            f"  WHERE name = {p('eval_metric')} AND last_finite_at IS NOT NULL\n"
+            f"  ) AS eval_ranked\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT}"
+        )
+    if history:
+        # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
+        block = d.ceil_div.format(f"(bucket_minute - {p('hour_minutes')})", HISTORY_BLOCK_MINUTES)
+        chosen = {
+            **keys,
+            "minute": "MIN(minute)",
+            "loss_finite": f"SUM({judged('loss_finite')})",
+            # The block's sum of losses: a mean needs no precision a variance would.
+            "loss_sum": f"SUM({judged('loss_base * loss_finite + loss_sum')})",
+        }
+        parts.append(
+            f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM buckets\n"
+            f"  WHERE bucket_minute > {p('hour_minutes')}\n  GROUP BY run_cluster, run_id, execution_uid, {block}"
+        )
+    return Query(f"WITH {', '.join(reductions)}\n" + "\nUNION ALL\n".join(parts), params)
 
 
 # The script variable the refresh sets when it failed, and the column the read carries it in.

@@ -207,6 +207,13 @@ MUTANTS = [
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
+        "the raw reads enroll empty run IDs",
+        "lossspike/sql.py",
+        """"value IS NOT NULL", "run_id <> ''", runs]""",
+        """"value IS NOT NULL", runs]""",
+        ["tests/test_rollup.py", "tests/test_backtest.py"],
+    ),
+    Mutant(
         "the newest loss time ignores NaN losses",
         "lossspike/sql.py",
         '"last_loss_at": f"MAX({when(is_loss, \'timestamp\')})",',
@@ -500,9 +507,16 @@ MUTANTS = [
     Mutant(
         "beyond seed: checks read every attempt",
         "lossspike/minutes.py",
-        "            if who >= 0 and code == chosen[who]:\n                check_rows[who]",
-        "            if who >= 0:\n                check_rows[who]",
+        '    rows, owner = rows_of("checks", True,',
+        '    rows, owner = rows_of("checks", False,',
         [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "beyond seed: a check metric's newest value is its oldest minute's",
+        "lossspike/minutes.py",
+        "        newest_row = mine[newest(who, last_at[mine], size)]",
+        "        newest_row = mine[newest(who, -last_at[mine], size)]",
+        [f"{CHECKS}::test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: grad_norm_high ignores a non-finite newest value",
@@ -521,7 +535,7 @@ MUTANTS = [
     Mutant(
         "beyond seed: eval_regressed on a stale evaluation",
         "lossspike/minutes.py",
-        "            evals[i] = kept if found and found[0][2] >= fresh_from else []",
+        "            evals[i] = kept if mine and mine[0][2] >= fresh_from else []",
         "            evals[i] = kept",
         [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", *CHECK_PROPERTIES],
     ),
