@@ -517,8 +517,12 @@ def _detections(
             if slow.any():
                 wide = detectors.recent_width(samples[rows[slow], begin[slow]], 1, t.max_recent_minutes)
                 width[slow] = np.maximum(width[slow], wide)
-            finding = detectors.level_shift(sliced, width, limits["shift_min_rise"][part], limits["shift_sigma"][part])
-            _fill(found[LEVEL_SHIFT], run[part], tick[part], finding)
+            rise, sigma = limits["shift_min_rise"][part], limits["shift_sigma"][part]
+            # Most cells are quiet minutes no trend could make a shift: judged no further.
+            screened = np.flatnonzero(detectors.level_shift_possible(sliced, width, rise))
+            candidates = Partial(*(f[screened] for f in sliced))
+            finding = detectors.level_shift(candidates, width[screened], rise[screened], sigma[screened])
+            _fill(found[LEVEL_SHIFT], run[part][screened], tick[part][screened], finding)
         if running is not None:
             history_n, history_sum = _history_blocks(running, rows, begin, t)
             finding = detectors.slow_divergence(sliced, history_n, history_sum, limits["divergence_min_rise"][part])

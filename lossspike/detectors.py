@@ -161,8 +161,11 @@ def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> 
     fit = base & (idx >= start - FIT_MINUTES)
     middle = start - FIT_MINUTES / 2
     halves = [fit & (idx < middle), fit & (idx >= middle)]
-    levels = [median(np.where(h, floors, np.nan)) for h in halves]
-    times = [median(np.where(h, idx, np.nan)) for h in halves]
+    # The halves lie in the FIT_MINUTES before the earliest recent window: sort those minutes only.
+    first = max(int(np.min(start, initial=minutes)) - FIT_MINUTES, 0)
+    fits = slice(first, max(int(np.max(start, initial=0)), first))
+    levels = [median(np.where(h[..., fits], floors[..., fits], np.nan)) for h in halves]
+    times = [median(np.where(h[..., fits], idx[fits], np.nan)) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
     # A half without minutes counts one: its median is NaN anyway and the slope unused.
     counts = [np.maximum(h.sum(axis=-1), 1) for h in halves]
@@ -178,13 +181,35 @@ def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> 
     rises = floors - trend
     limit = np.maximum(min_rise, sigma * noise)
     observed = _quiet(np.nanmin, np.where(recent & data, rises, np.nan), axis=-1)
+    jump, enough = _step_into(grid, width)
+    fired = enough & np.isfinite(levels[1]) & (observed > limit) & (jump >= limit / 2)
+    return Finding(fired, observed, limit)
+
+
+def _step_into(grid: Partial, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """level_shift's step (the largest rise between consecutive minutes with data, from
+    JUMP_MINUTES before the recent window on) and whether the baseline and the window hold
+    enough minutes with data."""
+    minutes = grid.n.shape[-1]
+    floors = np.where(grid.n > 0, grid.floor, np.nan)
+    data = grid.n > 0
+    idx = np.arange(minutes)
+    start = (minutes - width)[..., None]
+    recent = idx >= start
     before = _previous(data)
     steps = floors - np.take_along_axis(floors, np.maximum(before, 0), axis=-1)
     near = data & (before >= 0) & (idx >= start - JUMP_MINUTES)
     jump = _quiet(np.nanmax, np.where(near, steps, np.nan), axis=-1)
-    enough = (base.sum(axis=-1) >= MIN_DETECTOR_BASELINE_MINUTES) & ((recent & data).sum(axis=-1) >= MIN_RECENT_MINUTES)
-    fired = enough & np.isfinite(levels[1]) & (observed > limit) & (jump >= limit / 2)
-    return Finding(fired, observed, limit)
+    baseline = (data & ~recent).sum(axis=-1) >= MIN_DETECTOR_BASELINE_MINUTES
+    return jump, baseline & ((recent & data).sum(axis=-1) >= MIN_RECENT_MINUTES)
+
+
+def level_shift_possible(grid: Partial, width: np.ndarray, min_rise: Any) -> np.ndarray:
+    """False where level_shift cannot fire whatever the trend: too few minutes with data, or a
+    step into the window under half of min_rise (its limit is never below min_rise). A cheap
+    screen for the backtest, where most (run, tick) cells are quiet minutes of quiet runs."""
+    jump, enough = _step_into(grid, width)
+    return enough & _quiet(np.greater_equal, jump, np.asarray(min_rise) / 2)
 
 
 def block_sums(grid: Partial, stop: int) -> tuple[np.ndarray, np.ndarray]:

@@ -109,7 +109,12 @@ def bucket_partials(table: pa.Table) -> Partial:
 
 def filled(table: pa.Table, name: str, fill: Any, dtype: Any) -> np.ndarray:
     """A column as a numpy array, NULL replaced by `fill`."""
-    return table.column(name).fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
+    column = table.column(name)
+    if pa.types.is_decimal(column.type) and column.type.scale == 0:
+        # DuckDB's SUM of integers is a HUGEINT, a decimal in Arrow, which numpy would take one
+        # Python object at a time; a count fits an int64 (Arrow's safe cast raises otherwise).
+        column = column.cast(pa.int64())
+    return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
 
 
 def micros(table: pa.Table, name: str) -> np.ndarray:

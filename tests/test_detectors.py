@@ -8,8 +8,10 @@ DuckDB with it row by row, with the default settings and with per-run override r
 from __future__ import annotations
 
 import math
+import warnings
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from conftest import NOW, seed_settings
 from detector_oracle import Config, assert_matches, expect
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from incidents import Plan, falling_run, loss_overrides, loss_row, plans, rows_for, samples_of, store_for
 from oracle import Sample, assert_rows_match, expected
 
+from lossspike import detectors
 from lossspike.backtest import backtest, tick_times
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OverrideRow
@@ -128,6 +131,22 @@ def test_backtest_equals_evaluate_at_every_tick(case, count, every):
                 got[(history.cluster, history.run)] = reason
         loss_rows = {key: row["reason"] for key, row in want.items() if row["metric"] is None and key[0] != "fleet"}
         assert got == loss_rows, (tick, got, loss_rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), width=st.integers(0, 24), rows=st.integers(1, 4))
+def test_the_detectors_median_is_nanmedian_bit_for_bit(data, width, rows):
+    """detectors.median replaces np.nanmedian for speed: the same value, NaN included, to the last bit."""
+    value = st.sampled_from([math.nan, math.nan, 0.0, -0.0, 1.0, 2.5, math.inf, -math.inf, 1e149]) | st.floats()
+    row = st.lists(value, min_size=width, max_size=width)
+    values = np.array(data.draw(st.lists(row, min_size=rows, max_size=rows))).reshape(rows, width)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanmedian(values, axis=-1)
+    got = detectors.median(values)
+    event(f"finite values per row: {'even' if np.isfinite(values).sum() % 2 == 0 else 'odd'}")
+    assert got.shape == want.shape
+    assert np.array_equal(got, want, equal_nan=True), (values, got, want)
 
 
 # --- cases a user would recognise ------------------------------------------------------
