@@ -545,7 +545,7 @@ def _excursion_episodes(
     width = data.shape[1]
     # Rows marked at once: bounds the (rows x minutes x reference minutes) arrays.
     batch = max(1, _DETECTOR_CELLS // max(width * detectors.REFERENCE_MINUTES, 1))
-    for value in sorted({(float(a), float(b)) for a, b in zip(sigma, rise, strict=True)}):
+    for value in np.unique(np.stack([sigma, rise], axis=1), axis=0).tolist():
         cells = np.flatnonzero((sigma == value[0]) & (rise == value[1]))
         marking, position = np.unique(rows[cells], return_inverse=True)
         for lo in range(0, len(marking), batch):
@@ -741,12 +741,14 @@ def _seed_verdicts(
     index: dict[int, int] = {}
     policy = np.empty(chosen.shape, dtype=np.int64)
     for row, policy_at in enumerate(policies):
-        in_force = [policy_at(tick) for tick in range(chosen.shape[1])]
-        for distinct in {id(p): p for p in in_force}.values():
+        in_force = list(map(policy_at, range(chosen.shape[1])))
+        # Most runs have no override row: one policy at every tick (count compares identity first).
+        constant = in_force.count(in_force[0]) == len(in_force)
+        for distinct in [in_force[0]] if constant else {id(p): p for p in in_force}.values():
             if id(distinct) not in index:
                 index[id(distinct)] = len(table)
                 table.append(distinct)
-        policy[row] = [index[id(p)] for p in in_force]
+        policy[row] = index[id(in_force[0])] if constant else [index[id(p)] for p in in_force]
     has = chosen >= 0
     pick, ticks = np.maximum(chosen, 0), np.arange(chosen.shape[1])
 

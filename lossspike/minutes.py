@@ -169,9 +169,12 @@ def stddev(partial: Partial) -> np.ndarray:
 
 def attempt_codes(table: pa.Table) -> np.ndarray:
     """Each row's attempt as a rank: NULL sorts below every UID, UIDs in code-point order."""
-    uids = table.column("execution_uid").to_pylist()
-    ranks = {uid: i + 1 for i, uid in enumerate(sorted({u for u in uids if u is not None}))}
-    return np.array([0 if u is None else ranks[u] for u in uids], dtype=np.int64)
+    encoded = table.column("execution_uid").combine_chunks().dictionary_encode()
+    uids = encoded.dictionary.to_pylist()
+    rank = np.zeros(len(uids) + 1, dtype=np.int64)
+    rank[sorted(range(len(uids)), key=uids.__getitem__)] = np.arange(1, len(uids) + 1)
+    # NULL has no dictionary entry: its index is the extra last slot, rank 0.
+    return rank[encoded.indices.fill_null(len(uids)).to_numpy(zero_copy_only=False).astype(np.int64)]
 
 
 def newest_attempt(run: np.ndarray, attempt: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
