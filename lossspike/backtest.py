@@ -6,18 +6,19 @@ same buckets the BigQuery tick reads from its rollup view); the minute layer
 with Chan's pairwise update. Ticks are whole minutes, as Cloud Scheduler fires
 them, and both windows are whole minutes long, so every window is a union of
 whole buckets and holds exactly the samples `evaluate` would have read at that
-tick. The verdict itself is `lossspike.rule.loss_spike_reason`, called once per
-run and tick: the backtest reduces data differently, it never judges differently.
+tick. The verdict is `lossspike.rule.loss_spike_reason`'s, computed over every run
+and tick at once by its array twin `loss_spike_codes` (property-tested equal to it),
+and the detectors are lossspike.detectors' own functions, run only where they can
+change a verdict: the backtest reduces data differently, it never judges differently.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import namedtuple
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -30,10 +31,12 @@ from lossspike.rule import (
     HEALTHY,
     INSTABILITY,
     LEVEL_SHIFT,
+    NOT_FINITE,
     PAGING_REASONS,
     REASONS,
     SLOW_DIVERGENCE,
     SPIKING,
+    STALLED,
     WARMING_UP,
     WINDOW_FIELDS,
     EnrolledRun,
@@ -41,9 +44,6 @@ from lossspike.rule import (
     RunPolicy,
     Thresholds,
     alert_rows,
-    band,
-    is_stalled,
-    loss_spike_reason,
 )
 from lossspike.settings import Settings
 from lossspike.sql import HISTORY_BLOCK_MINUTES, bucket_groups_query
@@ -327,9 +327,11 @@ def _histories(
     job_times = minutes.micros(buckets, "job_at")
     loss_times = minutes.micros(buckets, "last_loss_at")
     sample_times = minutes.micros(buckets, "sample_at")
-    pairs, row_group = np.unique(np.stack([row_run, codes]), axis=1, return_inverse=True)
+    # One key per (run, attempt), ordered by run then attempt (a 2-D unique sorts rows far slower).
+    span = int(codes.max()) + 1
+    pairs, row_group = np.unique(row_run * span + codes, return_inverse=True)
     row_group = row_group.reshape(-1)
-    group_run, group_code = pairs[0], pairs[1]
+    group_run, group_code = pairs // span, pairs % span
 
     histories: list[RunHistory] = []
     per_chunk = max(1, _CHUNK_CELLS // max(width, 1))
@@ -358,12 +360,11 @@ def _histories(
             group_run[mine] - chunk.start, group_code[mine], sampled, ends, tick_minutes, t, len(chunk)
         )
         policies = [_policies(overrides, keys[index], ticks, t) for index in chunk]
-        found = _detections(grid, loss, ends, t, enabled, policies, group_run[mine] - chunk.start, len(ticks))
+        verdicts = _seed_verdicts(seed, run_windows, chosen, policies, tick_minutes * minutes.MICROS_PER_MINUTE)
+        found = _detections(grid, loss, ends, t, enabled, verdicts, chosen)
         for offset, index in enumerate(chunk):
             histories.append(
-                _judge(
-                    keys[index], seed, run_windows, chosen[offset], found, offset, jobs, ticks, policies[offset], detail
-                )
+                _judge(keys[index], seed, run_windows, chosen[offset], verdicts, found, offset, jobs, ticks, detail)
             )
     return histories
 
@@ -460,7 +461,7 @@ def _seed_windows(
     }
 
 
-# Ticks judged by the detectors at once: bounds the (attempts x ticks x minutes) arrays.
+# (Run, tick) cells the detectors judge at once, times the hour: bounds the (cells x minutes) arrays.
 _DETECTOR_CELLS = 2_000_000
 
 
@@ -470,96 +471,139 @@ def _detections(
     ends: np.ndarray,
     t: Thresholds,
     enabled: tuple[str, ...],
-    policies: list[Callable[[int], RunPolicy]],
-    group_run: np.ndarray,
-    ticks: int,
-) -> dict[str, Any]:
-    """Every detector's finding per attempt row and tick, with the thresholds in force then;
-    level_shift also on the widened window of a slow-stepping run."""
-    if not enabled:
-        return {}
+    verdicts: _Verdicts,
+    chosen: np.ndarray,
+) -> dict[str, detectors.Finding]:
+    """Every enabled detector's finding per run and tick, as (runs, ticks) arrays, judged only
+    where a detector can change the seed verdict (verdicts.judged), on the attempt the tick
+    reads, with the thresholds in force then; level_shift on the widened window of a
+    slow-stepping run. Elsewhere nothing fires."""
+    shape = chosen.shape
+    found = {
+        name: detectors.Finding(np.zeros(shape, dtype=bool), np.full(shape, np.nan), np.full(shape, np.nan))
+        for name in DETECTORS
+        if name in enabled
+    }
+    if not found:
+        return found
+    run, tick = np.nonzero(verdicts.judged)
+    group = chosen[run, tick]
+    policy = verdicts.policy[run, tick]
+    limits = {
+        name: np.array([getattr(p.thresholds, name) for p in verdicts.table], dtype=float)[policy]
+        for name in detectors.LIMITS
+    }
     hour = t.baseline_minutes
-    limits = {name: np.empty((len(group_run), ticks)) for name in detectors.LIMITS}
-    for run in np.unique(group_run):
-        at = policies[int(run)]
-        values = {name: np.array([getattr(at(k).thresholds, name) for k in range(ticks)]) for name in detectors.LIMITS}
-        for name in detectors.LIMITS:
-            limits[name][group_run == run] = values[name]
-    found: dict[str, Any] = {}
-    starts = ends - hour
+    starts = ends[tick] - hour
     if INSTABILITY in enabled:
-        # Excursions are causal, so one pass over the grid serves every tick with the same thresholds.
-        seen = np.zeros((len(group_run), ticks))
-        data = grid.n > 0
-        for g in range(len(group_run)):
-            one = Partial(*(f[g : g + 1] for f in grid))
-            sigma, rise = limits["instability_sigma"][g], limits["instability_min_rise"][g]
-            for value in sorted({(float(a), float(b)) for a, b in zip(sigma, rise, strict=True)}):
-                at = (sigma == value[0]) & (rise == value[1])
-                marked = detectors.excursions(one, *value)
-                first = detectors.episode_starts(marked, data[g : g + 1])
-                window = np.minimum(starts + detectors.REFERENCE_MINUTES, ends)
-                counted = _window_sum(first.astype(np.int64), window, ends)[0].astype(float)
-                counted += _continued_into(marked[0], data[g], window, ends)
-                seen[g, at] = counted[at]
+        window_starts = np.minimum(starts + detectors.REFERENCE_MINUTES, ends[tick])
+        seen = _excursion_episodes(
+            grid, group, window_starts, ends[tick], limits["instability_sigma"], limits["instability_min_rise"]
+        )
         count = limits["instability_count"]
-        found[INSTABILITY] = detectors.Finding(seen >= count, seen, count)
-    step = max(1, _DETECTOR_CELLS // max(len(group_run) * hour, 1))
-    pieces: dict[str, list[detectors.Finding]] = {LEVEL_SHIFT: [], "wide": [], SLOW_DIVERGENCE: []}
-    for lo in range(0, ticks, step):
-        part = slice(lo, min(lo + step, ticks))
-        window = np.lib.stride_tricks.sliding_window_view
-        index = starts[part]
-        sliced = Partial(*(window(f, hour, axis=1)[:, index] for f in grid))
-        samples = window(loss, hour, axis=1)[:, index]
+        _fill(found[INSTABILITY], run, tick, detectors.Finding(seen >= count, seen, count))
+    window = np.lib.stride_tricks.sliding_window_view
+    views = Partial(*(window(f, hour, axis=1) for f in grid))
+    samples = window(loss, hour, axis=1)
+    running = _running_sums(grid) if SLOW_DIVERGENCE in enabled else None
+    step = max(1, _DETECTOR_CELLS // hour)
+    for lo in range(0, len(run), step):
+        part = slice(lo, lo + step)
+        rows, begin = group[part], starts[part]
+        sliced = Partial(*(view[rows, begin] for view in views))
         if LEVEL_SHIFT in enabled:
-            rise, sigma = limits["shift_min_rise"][:, part], limits["shift_sigma"][:, part]
-            normal = np.full(samples.shape[:2], t.recent_minutes)
-            wide = np.maximum(normal, detectors.recent_width(samples, 1, t.max_recent_minutes))
-            pieces[LEVEL_SHIFT].append(detectors.level_shift(sliced, normal, rise, sigma))
-            pieces["wide"].append(detectors.level_shift(sliced, wide, rise, sigma))
-        if SLOW_DIVERGENCE in enabled:
-            history_n, history_sum = _history_blocks(grid, starts[part], t)
-            pieces[SLOW_DIVERGENCE].append(
-                detectors.slow_divergence(sliced, history_n, history_sum, limits["divergence_min_rise"][:, part])
-            )
-    for name, parts in pieces.items():
-        if parts:
-            found[name] = detectors.Finding(*(np.concatenate(f, axis=1) for f in zip(*parts, strict=True)))
+            width = np.full(len(rows), t.recent_minutes)
+            slow = verdicts.slow[run[part], tick[part]]
+            if slow.any():
+                wide = detectors.recent_width(samples[rows[slow], begin[slow]], 1, t.max_recent_minutes)
+                width[slow] = np.maximum(width[slow], wide)
+            rise, sigma = limits["shift_min_rise"][part], limits["shift_sigma"][part]
+            # Most cells are quiet minutes no trend could make a shift: judged no further.
+            screened = np.flatnonzero(detectors.level_shift_possible(sliced, width, rise))
+            candidates = Partial(*(f[screened] for f in sliced))
+            finding = detectors.level_shift(candidates, width[screened], rise[screened], sigma[screened])
+            _fill(found[LEVEL_SHIFT], run[part][screened], tick[part][screened], finding)
+        if running is not None:
+            history_n, history_sum = _history_blocks(running, rows, begin, t)
+            finding = detectors.slow_divergence(sliced, history_n, history_sum, limits["divergence_min_rise"][part])
+            _fill(found[SLOW_DIVERGENCE], run[part], tick[part], finding)
     return found
 
 
-def _continued_into(marked: np.ndarray, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Per window [start, end): 1 where its first minute with data is an excursion continuing one
-    before the window. The tick sees no excursion before its window, so there it starts an episode."""
-    width = len(data)
+def _fill(whole: detectors.Finding, run: np.ndarray, tick: np.ndarray, part: detectors.Finding) -> None:
+    for target, values in zip(whole, part, strict=True):
+        target[run, tick] = values
+
+
+def _excursion_episodes(
+    grid: Partial, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, sigma: np.ndarray, rise: np.ndarray
+) -> np.ndarray:
+    """Per cell, the separate excursion episodes in grid row rows[i]'s slots [starts[i], ends[i]).
+    Excursions are causal, so one pass over a row serves every tick with the same thresholds."""
+    seen = np.zeros(len(rows))
+    data = grid.n > 0
+    width = data.shape[1]
+    # Rows marked at once: bounds the (rows x minutes x reference minutes) arrays.
+    batch = max(1, _DETECTOR_CELLS // max(width * detectors.REFERENCE_MINUTES, 1))
+    for value in np.unique(np.stack([sigma, rise], axis=1), axis=0).tolist():
+        cells = np.flatnonzero((sigma == value[0]) & (rise == value[1]))
+        marking, position = np.unique(rows[cells], return_inverse=True)
+        for lo in range(0, len(marking), batch):
+            part = Partial(*(f[marking[lo : lo + batch]] for f in grid))
+            marked = detectors.excursions(part, *value)
+            first = detectors.episode_starts(marked, part.n > 0)
+            running = np.zeros((first.shape[0], width + 1), dtype=np.int64)
+            np.cumsum(first, axis=1, out=running[:, 1:])
+            mine = (position >= lo) & (position < lo + batch)
+            at, local = cells[mine], position[mine] - lo
+            counted = (running[local, ends[at]] - running[local, starts[at]]).astype(float)
+            seen[at] = counted + _continued_into(marked, part.n > 0, local, starts[at], ends[at])
+    return seen
+
+
+def _continued_into(
+    marked: np.ndarray, data: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """Per window [start, end) of a row: 1 where its first minute with data is an excursion continuing
+    one before the window. The tick sees no excursion before its window, so there it starts an episode."""
+    count, width = data.shape
     idx = np.arange(width)
-    following = np.minimum.accumulate(np.where(data, idx, width)[::-1])[::-1]
-    first = np.append(following, width)[np.minimum(starts, width)]
+    following = np.minimum.accumulate(np.where(data, idx, width)[:, ::-1], axis=1)[:, ::-1]
+    first = np.concatenate([following, np.full((count, 1), width)], axis=1)[rows, np.minimum(starts, width)]
     inside = first < ends
-    before = np.maximum.accumulate(np.where(data, idx, -1))
-    earlier = np.where(first > 0, np.append(-1, before)[np.minimum(first, width)], -1)
-    hit = inside & (earlier >= 0) & marked[np.minimum(first, width - 1)] & marked[np.maximum(earlier, 0)]
+    before = np.maximum.accumulate(np.where(data, idx, -1), axis=1)
+    before = np.concatenate([np.full((count, 1), -1), before], axis=1)
+    earlier = np.where(first > 0, before[rows, np.minimum(first, width)], -1)
+    hit = inside & (earlier >= 0) & marked[rows, np.minimum(first, width - 1)] & marked[rows, np.maximum(earlier, 0)]
     return hit.astype(float)
 
 
-def _history_blocks(grid: Partial, starts: np.ndarray, t: Thresholds) -> tuple[np.ndarray, np.ndarray]:
-    """Slow divergence's ten-minute blocks before each tick's hour, oldest first, as the tick's
-    read groups them: counted back from the hour's start, the oldest clipped at the horizon."""
+def _running_sums(grid: Partial) -> tuple[np.ndarray, np.ndarray]:
+    """Finite-loss counts and sums of each grid row's slots before each slot: a span's in two lookups."""
     totals = np.where(grid.n > 0, grid.n * grid.mean, 0.0)
     count = np.zeros((grid.n.shape[0], grid.n.shape[1] + 1))
     total = np.zeros_like(count)
     np.cumsum(grid.n, axis=1, out=count[:, 1:])
     np.cumsum(totals, axis=1, out=total[:, 1:])
+    return count, total
+
+
+def _history_blocks(
+    running: tuple[np.ndarray, np.ndarray], rows: np.ndarray, starts: np.ndarray, t: Thresholds
+) -> tuple[np.ndarray, np.ndarray]:
+    """Slow divergence's ten-minute blocks before each cell's hour (grid row rows[i], hour from slot
+    starts[i]), oldest first, as the tick's read groups them: counted back from the hour's start,
+    the oldest clipped at the horizon."""
+    count, total = running
     span = max(t.divergence_minutes, t.baseline_minutes) - t.baseline_minutes
     blocks = -(-span // HISTORY_BLOCK_MINUTES)
-    n = np.zeros((grid.n.shape[0], len(starts), blocks))
+    n = np.zeros((len(rows), blocks))
     sums = np.zeros_like(n)
     for k in range(blocks):
         hi = starts - HISTORY_BLOCK_MINUTES * k
         lo = np.maximum(hi - HISTORY_BLOCK_MINUTES, starts - span)
-        n[:, :, blocks - 1 - k] = count[:, hi] - count[:, lo]
-        sums[:, :, blocks - 1 - k] = total[:, hi] - total[:, lo]
+        n[:, blocks - 1 - k] = count[rows, hi] - count[rows, lo]
+        sums[:, blocks - 1 - k] = total[rows, hi] - total[rows, lo]
     return n, sums
 
 
@@ -604,11 +648,6 @@ def _sliding(grids: dict[str, np.ndarray], starts: np.ndarray, size: int) -> Par
     return Partial(*(np.where(aligned, w, s) for w, s in zip(whole, split, strict=True)))
 
 
-# LossWindows' fields in a tuple: the rule reads attributes only, and a million frozen
-# dataclasses cost more than the rest of the backtest; rows_at gets real LossWindows.
-_WindowsView = namedtuple("_WindowsView", WINDOW_FIELDS)  # type: ignore[misc]
-
-
 def _policies(
     rows: list[OverrideRow], key: tuple[str, str], ticks: list[datetime], base: Thresholds
 ) -> Callable[[int], RunPolicy]:
@@ -629,29 +668,167 @@ def _policies(
     return at
 
 
+class CellThresholds(NamedTuple):
+    """The seed rule's thresholds per (run, tick) cell, as arrays (a Thresholds gives them as scalars)."""
+
+    sigma: np.ndarray
+    min_rise: np.ndarray
+    min_baseline_samples: np.ndarray
+    min_recent_samples: np.ndarray
+    reference: np.ndarray
+    stall_minutes: np.ndarray
+
+
+def loss_spike_codes(
+    windows: dict[str, np.ndarray], last_loss_us: np.ndarray, now_us: np.ndarray, t: Thresholds | CellThresholds
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """rule.loss_spike_reason and rule.band over arrays of cells: each cell's reason (its index
+    into REASONS), its band (NaN without a baseline), and whether it is a slow-stepping run's
+    warming_up (a full baseline, too few recent samples, not stalled).
+
+    `windows` holds LossWindows' statistics (last_loss_at aside) as arrays, NaN for None;
+    `last_loss_us` the newest loss as microseconds, minutes.NO_TIME for None. rule.py stays the
+    one readable definition: this twin exists because calling it per run and tick was most of
+    a backtest's time, and a property test (tests/test_backtest.py) holds the two equal.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        not_finite = windows["recent_not_finite"] > 0
+        stall_us = np.asarray(t.stall_minutes, dtype=np.int64) * minutes.MICROS_PER_MINUTE
+        stalled = (stall_us > 0) & (last_loss_us != minutes.NO_TIME) & (last_loss_us < now_us - stall_us)
+        few_baseline = windows["baseline_samples"] < t.min_baseline_samples
+        few_recent = windows["recent_samples"] < t.min_recent_samples
+        level = np.where(np.asarray(t.reference) == "mean", windows["baseline_mean"], windows["baseline_floor"])
+        stddev = windows["baseline_stddev"]
+        spread = np.where(np.isfinite(stddev), stddev, 0.0)
+        limit = level + np.maximum(t.min_rise, t.sigma * spread)
+        # NaN (no floor, no baseline) compares false, as the rule's None does.
+        spiking = windows["recent_floor"] > limit
+    codes = np.select(
+        [not_finite, stalled, few_baseline | few_recent, spiking],
+        [_CODES[NOT_FINITE], _CODES[STALLED], _CODES[WARMING_UP], _CODES[SPIKING]],
+        _CODES[HEALTHY],
+    )
+    slow = (codes == _CODES[WARMING_UP]) & ~few_baseline & few_recent & ~stalled
+    return codes, limit, slow
+
+
+class _Verdicts(NamedTuple):
+    """The seed rule's verdicts on a chunk of runs, (runs, ticks) arrays, and the overrides behind them."""
+
+    # The distinct overrides in force, and per cell the index of the one in force then.
+    table: list[RunPolicy]
+    policy: np.ndarray
+    silenced: np.ndarray
+    # Index into REASONS, -1 where the run is not enrolled.
+    codes: np.ndarray
+    # recent_floor - band where spiking, NaN elsewhere.
+    margins: np.ndarray
+    # Where a detector may change the verdict: healthy cells and slow-stepping warming-up ones (slow).
+    judged: np.ndarray
+    slow: np.ndarray
+
+
+def _seed_verdicts(
+    seed: dict[str, np.ndarray],
+    run_windows: dict[str, np.ndarray],
+    chosen: np.ndarray,
+    policies: list[Callable[[int], RunPolicy]],
+    tick_us: np.ndarray,
+) -> _Verdicts:
+    """The seed rule at every run's every tick, on the windows of the attempt the tick reads,
+    with the overrides then in force."""
+    table: list[RunPolicy] = []
+    index: dict[int, int] = {}
+    policy = np.empty(chosen.shape, dtype=np.int64)
+    for row, policy_at in enumerate(policies):
+        in_force = list(map(policy_at, range(chosen.shape[1])))
+        # Most runs have no override row: one policy at every tick (count compares identity first).
+        constant = in_force.count(in_force[0]) == len(in_force)
+        for distinct in [in_force[0]] if constant else {id(p): p for p in in_force}.values():
+            if id(distinct) not in index:
+                index[id(distinct)] = len(table)
+                table.append(distinct)
+        policy[row] = index[id(in_force[0])] if constant else [index[id(p)] for p in in_force]
+    has = chosen >= 0
+    pick, ticks = np.maximum(chosen, 0), np.arange(chosen.shape[1])
+
+    def at(name: str) -> np.ndarray:
+        return seed[name][pick, ticks]
+
+    b_n = np.where(has, at("baseline_samples"), 0)
+    r_finite = has & (at("recent_finite") > 0)
+    windows = {
+        "baseline_samples": b_n,
+        "baseline_mean": np.where(b_n > 0, at("baseline_mean"), np.nan),
+        "baseline_stddev": np.where(b_n > 1, at("baseline_stddev"), np.nan),
+        "baseline_floor": np.where(b_n > 0, at("baseline_floor"), np.nan),
+        "recent_samples": np.where(has, at("recent_samples"), 0),
+        "recent_not_finite": np.where(has, at("recent_not_finite"), 0),
+        "recent_floor": np.where(r_finite, at("recent_floor"), np.nan),
+    }
+    last_loss_us = np.where(run_windows["loss_in_window"], run_windows["last_loss_us"], minutes.NO_TIME)
+    limits = CellThresholds(
+        *(np.array([getattr(p.thresholds, name) for p in table])[policy] for name in CellThresholds._fields)
+    )
+    codes, limit, slow = loss_spike_codes(windows, last_loss_us, tick_us, limits)
+    enrolled = run_windows["enrolled"]
+    spiking = enrolled & (codes == _CODES[SPIKING])
+    judged = enrolled & has & ((codes == _CODES[HEALTHY]) | slow)
+    return _Verdicts(
+        table,
+        policy,
+        enrolled & np.array([p.silenced for p in table])[policy],
+        np.where(enrolled, codes, -1).astype(np.int8),
+        np.where(spiking, windows["recent_floor"] - limit, np.nan),
+        judged,
+        judged & slow,
+    )
+
+
 def _judge(
     key: tuple[str, str],
     seed: dict[str, np.ndarray],
     run_windows: dict[str, np.ndarray],
     chosen: np.ndarray,
-    found: dict[str, Any],
+    verdicts: _Verdicts,
+    found: dict[str, detectors.Finding],
     row: int,
     jobs: list[str],
     times: list[datetime],
-    policy_at: Callable[[int], RunPolicy],
     detail: bool,
 ) -> RunHistory:
-    """Build each tick's windows from the chosen attempt and ask the rule with the overrides then
-    in force; a healthy (or slow-stepping warming-up) run then goes to the detectors, in order."""
-    ticks = len(times)
-    codes = np.full(ticks, -1, dtype=np.int8)
-    margins = np.full(ticks, np.nan)
-    kept: list[LossWindows | None] | None = [None] * ticks if detail else None
-    kept_jobs: list[str] | None = [""] * ticks if detail else None
-    kept_policies: list[RunPolicy | None] | None = [None] * ticks if detail else None
-    silenced = np.zeros(ticks, dtype=bool)
-    observed = np.full(ticks, np.nan)
-    limits = np.full(ticks, np.nan)
+    """One run's history: the seed verdicts, then where a detector fired the first in the order
+    (with what it observed and its limit); with `detail`, each tick's windows, job and overrides."""
+    codes = verdicts.codes[row].copy()
+    margins = verdicts.margins[row].copy()
+    observed = np.full(len(times), np.nan)
+    limits = np.full(len(times), np.nan)
+    detected = np.zeros(len(times), dtype=bool)
+    # Later detectors are written first, so the first in the order that fired wins.
+    for name in reversed([name for name in DETECTORS if name in found]):
+        finding = found[name]
+        fired = finding.fired[row]
+        codes[fired] = _CODES[name]
+        observed[fired], limits[fired] = finding.observed[row, fired], finding.limit[row, fired]
+        detected |= fired
+    margins[detected] = observed[detected] - limits[detected]
+    silenced = verdicts.silenced[row].copy()
+    history = RunHistory(key[0], key[1], codes, margins, silenced, observed=observed, limits=limits)
+    if detail:
+        history.windows = _windows_at(seed, run_windows, chosen, row)
+        enrolled = run_windows["enrolled"][row]
+        in_force = zip(verdicts.policy[row].tolist(), enrolled.tolist(), strict=True)
+        history.policies = [verdicts.table[p] if there else None for p, there in in_force]
+        job_rows = np.where(enrolled, run_windows["job_row"][row], -1).tolist()
+        history.jobs = [jobs[j] if j >= 0 else "" for j in job_rows]
+    return history
+
+
+def _windows_at(
+    seed: dict[str, np.ndarray], run_windows: dict[str, np.ndarray], chosen: np.ndarray, row: int
+) -> list[LossWindows | None]:
+    """One run's LossWindows at each tick from the attempt the tick reads (None where not enrolled)."""
+    kept: list[LossWindows | None] = [None] * len(chosen)
     enrolled = np.flatnonzero(run_windows["enrolled"][row])
     group = chosen[enrolled]
     has = group >= 0
@@ -687,36 +864,6 @@ def _judge(
         "last_loss_at": loss_times,
     }
     columns = [makers[name]() for name in WINDOW_FIELDS]
-    new = tuple.__new__
-    order = [name for name in DETECTORS if name in found]
-    for position, (tick, values) in enumerate(zip(enrolled.tolist(), zip(*columns, strict=True), strict=True)):
-        windows = new(_WindowsView, values)
-        policy = policy_at(tick)
-        t = policy.thresholds
-        reason, _ = loss_spike_reason(windows, t, times[tick])
-        g = int(group[position])
-        if order and g >= 0:
-            slow = (
-                reason == WARMING_UP
-                and windows.baseline_samples >= t.min_baseline_samples
-                and windows.recent_samples < t.min_recent_samples
-                and not is_stalled(windows.last_loss_at, times[tick], t)
-            )
-            if reason == HEALTHY or slow:
-                for name in order:
-                    finding = found["wide" if slow and name == LEVEL_SHIFT else name]
-                    if finding.fired[g, tick]:
-                        reason = name
-                        observed[tick], limits[tick] = finding.observed[g, tick], finding.limit[g, tick]
-                        margins[tick] = observed[tick] - limits[tick]
-                        break
-        codes[tick] = _CODES[reason]
-        silenced[tick] = policy.silenced
-        if reason == SPIKING:
-            margins[tick] = windows.recent_floor - band(windows, t)
-        if kept is not None and kept_jobs is not None and kept_policies is not None:
-            kept[tick] = LossWindows(*values)
-            kept_policies[tick] = policy
-            job_row = int(run_windows["job_row"][row, tick])
-            kept_jobs[tick] = jobs[job_row] if job_row >= 0 else ""
-    return RunHistory(key[0], key[1], codes, margins, silenced, kept, kept_jobs, kept_policies, observed, limits)
+    for tick, values in zip(enrolled.tolist(), zip(*columns, strict=True), strict=True):
+        kept[tick] = LossWindows(*values)
+    return kept

@@ -97,6 +97,20 @@ def _quiet(function: Any, *args: Any, **kwargs: Any) -> np.ndarray:
         return function(*args, **kwargs)
 
 
+def median(values: np.ndarray) -> np.ndarray:
+    """np.nanmedian over the last axis, bit for bit: the two middle finite values' sum halved
+    (one value's double halved is itself), NaN without one. One sort replaces nanmedian's
+    masked-array path, which took most of a detector's time."""
+    if values.shape[-1] == 0:
+        return np.full(values.shape[:-1], np.nan)
+    ordered = np.sort(values, axis=-1)  # NaN sorts last
+    count = values.shape[-1] - np.isnan(ordered).sum(axis=-1, keepdims=True)
+    low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=-1)
+    high = np.take_along_axis(ordered, np.minimum(count // 2, values.shape[-1] - 1), axis=-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return ((low + high) / 2.0)[..., 0]
+
+
 def minute_means(grid: Partial) -> np.ndarray:
     """Each minute's mean finite loss, NaN where the minute has none."""
     return np.where(grid.n > 0, grid.mean, np.nan)
@@ -115,7 +129,7 @@ def spread(means: np.ndarray, mask: np.ndarray) -> np.ndarray:
     before = _previous(mask)
     earlier = np.take_along_axis(means, np.maximum(before, 0), axis=-1)
     steps = np.where(mask & (before >= 0), np.abs(means - earlier), np.nan)
-    return _MAD_TO_SIGMA * _quiet(np.nanmedian, steps, axis=-1) / np.sqrt(2.0)
+    return _MAD_TO_SIGMA * median(steps) / np.sqrt(2.0)
 
 
 def recent_width(samples: np.ndarray, recent: int, widest: int) -> np.ndarray:
@@ -147,8 +161,11 @@ def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> 
     fit = base & (idx >= start - FIT_MINUTES)
     middle = start - FIT_MINUTES / 2
     halves = [fit & (idx < middle), fit & (idx >= middle)]
-    levels = [_quiet(np.nanmedian, np.where(h, floors, np.nan), axis=-1) for h in halves]
-    times = [_quiet(np.nanmedian, np.where(h, idx, np.nan), axis=-1) for h in halves]
+    # The halves lie in the FIT_MINUTES before the earliest recent window: sort those minutes only.
+    first = max(int(np.min(start, initial=minutes)) - FIT_MINUTES, 0)
+    fits = slice(first, max(int(np.max(start, initial=0)), first))
+    levels = [median(np.where(h[..., fits], floors[..., fits], np.nan)) for h in halves]
+    times = [median(np.where(h[..., fits], idx[fits], np.nan)) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
     # A half without minutes counts one: its median is NaN anyway and the slope unused.
     counts = [np.maximum(h.sum(axis=-1), 1) for h in halves]
@@ -164,13 +181,35 @@ def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> 
     rises = floors - trend
     limit = np.maximum(min_rise, sigma * noise)
     observed = _quiet(np.nanmin, np.where(recent & data, rises, np.nan), axis=-1)
+    jump, enough = _step_into(grid, width)
+    fired = enough & np.isfinite(levels[1]) & (observed > limit) & (jump >= limit / 2)
+    return Finding(fired, observed, limit)
+
+
+def _step_into(grid: Partial, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """level_shift's step (the largest rise between consecutive minutes with data, from
+    JUMP_MINUTES before the recent window on) and whether the baseline and the window hold
+    enough minutes with data."""
+    minutes = grid.n.shape[-1]
+    floors = np.where(grid.n > 0, grid.floor, np.nan)
+    data = grid.n > 0
+    idx = np.arange(minutes)
+    start = (minutes - width)[..., None]
+    recent = idx >= start
     before = _previous(data)
     steps = floors - np.take_along_axis(floors, np.maximum(before, 0), axis=-1)
     near = data & (before >= 0) & (idx >= start - JUMP_MINUTES)
     jump = _quiet(np.nanmax, np.where(near, steps, np.nan), axis=-1)
-    enough = (base.sum(axis=-1) >= MIN_DETECTOR_BASELINE_MINUTES) & ((recent & data).sum(axis=-1) >= MIN_RECENT_MINUTES)
-    fired = enough & np.isfinite(levels[1]) & (observed > limit) & (jump >= limit / 2)
-    return Finding(fired, observed, limit)
+    baseline = (data & ~recent).sum(axis=-1) >= MIN_DETECTOR_BASELINE_MINUTES
+    return jump, baseline & ((recent & data).sum(axis=-1) >= MIN_RECENT_MINUTES)
+
+
+def level_shift_possible(grid: Partial, width: np.ndarray, min_rise: Any) -> np.ndarray:
+    """False where level_shift cannot fire whatever the trend: too few minutes with data, or a
+    step into the window under half of min_rise (its limit is never below min_rise). A cheap
+    screen for the backtest, where most (run, tick) cells are quiet minutes of quiet runs."""
+    jump, enough = _step_into(grid, width)
+    return enough & _quiet(np.greater_equal, jump, np.asarray(min_rise) / 2)
 
 
 def block_sums(grid: Partial, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +235,7 @@ def slow_divergence(grid: Partial, history_n: np.ndarray, history_sum: np.ndarra
     minutes = grid.n.shape[-1]
     means = minute_means(grid)
     tail = means[..., minutes - LEVEL_MINUTES :]
-    current = _quiet(np.nanmedian, tail, axis=-1)
+    current = median(tail)
     hour_n, hour_sum = block_sums(grid, minutes - LEVEL_MINUTES)
     counts = np.concatenate([history_n, hour_n], axis=-1)
     sums = np.concatenate([history_sum, hour_sum], axis=-1)
@@ -220,10 +259,10 @@ def excursions(grid: Partial, sigma: Any, min_rise: Any) -> np.ndarray:
     deviations = np.where(grid.n >= 2, deviations, np.nan)
     before = np.lib.stride_tricks.sliding_window_view(means, REFERENCE_MINUTES, axis=-1)[..., :-1, :]
     spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., :-1, :]
-    level = _quiet(np.nanmedian, before, axis=-1)
-    within = _quiet(np.nanmedian, spreads, axis=-1)
+    level = median(before)
+    within = median(spreads)
     # A run with one loss a minute has no spread within a minute: the spread between minutes.
-    between = _MAD_TO_SIGMA * _quiet(np.nanmedian, np.abs(before - level[..., None]), axis=-1)
+    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))
     scale = np.nan_to_num(np.where(np.isfinite(within), within, between))
     enough = np.isfinite(before).sum(axis=-1) >= MIN_REFERENCE_MINUTES
     peaks = grid.peak[..., REFERENCE_MINUTES:]

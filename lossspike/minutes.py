@@ -115,9 +115,9 @@ def filled(table: pa.Table, name: str, fill: Any, dtype: Any) -> np.ndarray:
     """A column as a numpy array, NULL replaced by `fill`."""
     column = table.column(name)
     if pa.types.is_decimal(column.type):
-        # DuckDB sums integers into 128-bit integers, which Arrow holds as decimals and numpy
-        # only as Python objects: a float holds every count exactly.
-        column = column.cast(pa.float64())
+        # DuckDB's SUM of integers is a HUGEINT, a decimal in Arrow, which numpy would take one
+        # Python object at a time; a count fits an int64 (Arrow's safe cast raises otherwise).
+        column = column.cast(pa.int64() if column.type.scale == 0 else pa.float64())
     return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
 
 
@@ -180,10 +180,10 @@ def attempt_codes(table: pa.Table) -> np.ndarray:
     """Each row's attempt as a rank: NULL sorts below every UID, UIDs in code-point order."""
     encoded = table.column("execution_uid").combine_chunks().dictionary_encode()
     uids = encoded.dictionary.to_pylist()
-    # Ranks 1.. by code point; the last slot, which a NULL's index -1 reads, is NULL's 0.
     rank = np.zeros(len(uids) + 1, dtype=np.int64)
     rank[sorted(range(len(uids)), key=uids.__getitem__)] = np.arange(1, len(uids) + 1)
-    return rank[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)]
+    # NULL has no dictionary entry: its index is the extra last slot, rank 0.
+    return rank[encoded.indices.fill_null(len(uids)).to_numpy(zero_copy_only=False).astype(np.int64)]
 
 
 def newest_attempt(run: np.ndarray, attempt: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:

@@ -143,6 +143,37 @@ MUTANTS = [
         PROPERTIES,
     ),
     Mutant(
+        "the backtest's array twin of the rule pages a floor on the band",
+        "lossspike/backtest.py",
+        'spiking = windows["recent_floor"] > limit',
+        'spiking = windows["recent_floor"] >= limit',
+        [
+            "tests/test_backtest.py::test_the_rules_array_twin_equals_the_rule",
+            "tests/test_backtest.py::test_backtest_judged_runs_match_the_oracle",
+        ],
+    ),
+    Mutant(
+        "the backtest's array twin of the rule never reads a run stalled",
+        "lossspike/backtest.py",
+        "stalled = (stall_us > 0) & (last_loss_us != minutes.NO_TIME)",
+        "stalled = (stall_us < 0) & (last_loss_us != minutes.NO_TIME)",
+        ["tests/test_backtest.py::test_the_rules_array_twin_equals_the_rule", "tests/test_backtest.py"],
+    ),
+    Mutant(
+        "the backtest's level-shift screen asks for a whole min_rise of step",
+        "lossspike/detectors.py",
+        "jump, np.asarray(min_rise) / 2)",
+        "jump, np.asarray(min_rise))",
+        [f"{DETECTORS}::test_the_level_shift_screen_never_hides_a_shift"],
+    ),
+    Mutant(
+        "the detectors' median takes the lower middle value",
+        "lossspike/detectors.py",
+        "return ((low + high) / 2.0)[..., 0]",
+        "return low[..., 0]",
+        [f"{DETECTORS}::test_the_detectors_median_is_nanmedian_bit_for_bit", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
         "backtest baseline one minute short",
         "lossspike/backtest.py",
         "base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes",

@@ -7,21 +7,32 @@ import math
 import random
 from datetime import timedelta
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from commandline import lossspike, one_line_error
 from conftest import NOW, seed_settings, store_with
 from googlesql import TranspiledBigQuery
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
 from telemetry import telemetry_samples
 
-from lossspike.backtest import backtest, tick_times
+from lossspike import minutes
+from lossspike.backtest import CellThresholds, backtest, loss_spike_codes, tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import Thresholds
+from lossspike.rule import (
+    REASONS,
+    WARMING_UP,
+    LossWindows,
+    Thresholds,
+    band,
+    is_fleet_row,
+    is_stalled,
+    loss_spike_reason,
+)
 from lossspike.settings import Settings
 from lossspike.sql import Query, Selection
 
@@ -91,6 +102,13 @@ def histories(draw) -> tuple[list[Sample], list, Thresholds, Selection]:
     return samples, ticks, t, selection
 
 
+def assert_codes_match(result, tick: int) -> None:
+    """The verdicts the backtest keeps per run (its codes, from the rule's array twin) are exactly
+    the rule's on the same windows (rows_at's rows, which the tests hold to the oracle)."""
+    got = {(h.cluster, h.run): h.reason(tick) for h in result.runs if h.reason(tick) is not None}
+    assert got == {(r["cluster"], r["run"]): r["reason"] for r in result.rows_at(tick) if not is_fleet_row(r)}
+
+
 def assert_same_verdicts(got: list[dict], want: list[dict]) -> None:
     """Backtest rows give evaluate's runs, counts and verdicts (both are checked against the oracle too)."""
     keys = ("cluster", "run", "reason", "value", "baseline_samples", "recent_samples", "recent_not_finite")
@@ -108,6 +126,7 @@ def test_backtest_matches_evaluate_at_every_tick(case):
     for i, tick in enumerate(ticks):
         want = expected(samples, tick, t, selection)
         assert_rows_match(result.rows_at(i), want)
+        assert_codes_match(result, i)
         assert_rows_match(evaluate(store, config, tick), want)
 
 
@@ -122,6 +141,92 @@ def test_backtest_judged_runs_match_the_oracle(case, span):
         want = expected(samples, tick, t, Selection())
         record(want)
         assert_rows_match(result.rows_at(i), want)
+        assert_codes_match(result, i)
+
+
+# --- the rule's array twin ------------------------------------------------------------
+
+# Statistics a window may hold: None, ordinary losses, their edges, and what no engine should give.
+STATISTICS = st.one_of(
+    st.none(),
+    st.sampled_from([0.0, -0.0, 1.0, 2.0, 2.05, -1.0, 1e149, -1e149, math.inf, -math.inf, math.nan]),
+    st.floats(-5, 5),
+)
+
+
+@st.composite
+def judged_cells(draw) -> tuple[LossWindows, Thresholds]:
+    """One run's windows and thresholds, its recent floor often on, or one ULP either side of, its band."""
+    t = Thresholds(
+        sigma=draw(st.sampled_from([0.0, 1.0, 6.0, 6]) | st.floats(0, 1e3)),
+        min_rise=draw(st.sampled_from([0.0, 0, 0.05, 1e300]) | st.floats(0, 10)),
+        min_baseline_samples=draw(st.integers(1, 30)),
+        min_recent_samples=draw(st.integers(1, 6)),
+        reference=draw(st.sampled_from(["mean", "floor"])),
+        stall_minutes=draw(st.integers(0, 59)),
+    )
+    stddev = draw(STATISTICS | st.sampled_from([1e200, 1e-300]) | st.floats(0, 1))
+    windows = LossWindows(
+        baseline_samples=draw(st.integers(0, 40)),
+        baseline_mean=draw(STATISTICS),
+        baseline_stddev=stddev,
+        baseline_floor=draw(STATISTICS),
+        recent_samples=draw(st.integers(0, 8)),
+        recent_not_finite=draw(st.sampled_from([0, 0, 0, 1, 2])),
+        recent_floor=draw(STATISTICS),
+    )
+    limit = band(windows, t)
+    if limit is not None and draw(st.booleans()):
+        toward = draw(st.sampled_from([-math.inf, 0.0, math.inf]))
+        floor = limit if toward == 0.0 else math.nextafter(limit, toward)
+        windows = LossWindows(**{**windows.__dict__, "recent_floor": floor})
+    stall = timedelta(minutes=t.stall_minutes)
+    last = draw(
+        st.none()
+        | st.sampled_from([NOW - stall + timedelta(microseconds=us) for us in (-1, 0, 1)])
+        | st.integers(-60_000_000, 3_600_000_000).map(lambda us: NOW - timedelta(microseconds=us))
+    )
+    return LossWindows(**{**windows.__dict__, "last_loss_at": last}), t
+
+
+@settings(max_examples=200, deadline=None)
+@given(cells=st.lists(judged_cells(), min_size=1, max_size=8))
+def test_the_rules_array_twin_equals_the_rule(cells):
+    """loss_spike_codes is rule.loss_spike_reason and rule.band, cell by cell, with one Thresholds or per-cell ones."""
+    numbers = {
+        name: np.array([math.nan if getattr(w, name) is None else getattr(w, name) for w, _ in cells])
+        for name in ("baseline_mean", "baseline_stddev", "baseline_floor", "recent_floor")
+    }
+    counts = {
+        name: np.array([getattr(w, name) for w, _ in cells])
+        for name in ("baseline_samples", "recent_samples", "recent_not_finite")
+    }
+    last = np.array([minutes.NO_TIME if w.last_loss_at is None else micros(w.last_loss_at) for w, _ in cells])
+    now = np.full(len(cells), micros(NOW))
+    per_cell = CellThresholds(*(np.array([getattr(t, name) for _, t in cells]) for name in CellThresholds._fields))
+    for thresholds, judged in ((per_cell, cells), (cells[0][1], [(w, cells[0][1]) for w, _ in cells])):
+        codes, limits, slow = loss_spike_codes({**numbers, **counts}, last, now, thresholds)
+        for (w, t), code, limit, warm in zip(judged, codes.tolist(), limits.tolist(), slow.tolist(), strict=True):
+            reason, _ = loss_spike_reason(w, t, NOW)
+            event(reason)
+            assert REASONS[code] == reason
+            want = band(w, t)
+            if want is None or math.isnan(want):
+                assert math.isnan(limit)
+            else:
+                assert limit == want
+            assert warm == (
+                reason == WARMING_UP
+                and w.baseline_samples >= t.min_baseline_samples
+                and w.recent_samples < t.min_recent_samples
+                and not is_stalled(w.last_loss_at, NOW, t)
+            )
+            if warm:
+                event("slow-stepping warming_up")
+
+
+def micros(moment) -> int:
+    return (moment - minutes.instant(0)) // timedelta(microseconds=1)
 
 
 def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):

@@ -8,8 +8,10 @@ DuckDB with it row by row, with the default settings and with per-run override r
 from __future__ import annotations
 
 import math
+import warnings
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from conftest import NOW, seed_settings
 from detector_oracle import Config, assert_matches, expect
@@ -18,8 +20,10 @@ from hypothesis import strategies as st
 from incidents import Plan, falling_run, loss_overrides, loss_row, plans, rows_for, samples_of, store_for
 from oracle import Sample, assert_rows_match, expected
 
+from lossspike import detectors
 from lossspike.backtest import backtest, tick_times
 from lossspike.evaluate import evaluate
+from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow
 from lossspike.rule import Thresholds
 from lossspike.settings import Settings
@@ -128,6 +132,49 @@ def test_backtest_equals_evaluate_at_every_tick(case, count, every):
                 got[(history.cluster, history.run)] = reason
         loss_rows = {key: row["reason"] for key, row in want.items() if row["metric"] is None and key[0] != "fleet"}
         assert got == loss_rows, (tick, got, loss_rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), width=st.integers(0, 24), rows=st.integers(1, 4))
+def test_the_detectors_median_is_nanmedian_bit_for_bit(data, width, rows):
+    """detectors.median replaces np.nanmedian for speed: the same value, NaN included, to the last bit."""
+    value = st.sampled_from([math.nan, math.nan, 0.0, -0.0, 1.0, 2.5, math.inf, -math.inf, 1e149]) | st.floats()
+    row = st.lists(value, min_size=width, max_size=width)
+    values = np.array(data.draw(st.lists(row, min_size=rows, max_size=rows))).reshape(rows, width)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.nanmedian(values, axis=-1)
+    got = detectors.median(values)
+    event(f"finite values per row: {'even' if np.isfinite(values).sum() % 2 == 0 else 'odd'}")
+    assert got.shape == want.shape
+    assert np.array_equal(got, want, equal_nan=True), (values, got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    width=st.integers(1, 15),
+    rise=st.sampled_from([0.0, 0.05, 0.1, 0.3]),
+    sigma=st.sampled_from([0.0, 3.0, 6.0]),
+)
+def test_the_level_shift_screen_never_hides_a_shift(seed, width, rise, sigma):
+    """The backtest judges level_shift only where level_shift_possible: it must hold wherever level_shift fires."""
+    rng = np.random.default_rng(seed)
+    rows, minutes = 400, 60
+    n = rng.choice([0.0, 1.0, 2.0, 60.0], size=(rows, minutes), p=[0.15, 0.15, 0.1, 0.6])
+    age = np.arange(minutes)
+    slope = rng.choice([0.0, 0.002, 0.02], size=(rows, 1))
+    noise = rng.choice([0.001, 0.02, 0.2], size=(rows, 1)) * rng.standard_normal((rows, minutes))
+    shift = rng.choice([0.0, 0.05, 0.1, 0.3, 1.0], size=(rows, 1)) * (age >= rng.integers(30, 61, size=(rows, 1)))
+    outlier = rng.choice([0.0, 3.0], size=(rows, minutes), p=[0.97, 0.03])
+    floors = 3.0 - slope * age + noise + shift + outlier
+    grid = Partial(n, floors, np.zeros_like(n), floors, floors)
+    widths = np.full(rows, width)
+    fired = detectors.level_shift(grid, widths, rise, sigma).fired
+    possible = detectors.level_shift_possible(grid, widths, rise)
+    event(f"level_shift fired in {'no' if not fired.any() else 'some'} rows")
+    event(f"screened out: {'most' if possible.mean() < 0.5 else 'few'} rows")
+    assert not (fired & ~possible).any()
 
 
 # --- cases a user would recognise ------------------------------------------------------
