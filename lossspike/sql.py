@@ -361,6 +361,7 @@ def minute_buckets(
     aligned_to: str = "",
     dense_start: datetime | None = None,
     parts: tuple[str, ...] = ("loss", "checks"),
+    check_rows_only: bool = False,
 ) -> str:
     """The SELECT reducing raw telemetry to minute buckets.
 
@@ -373,6 +374,7 @@ def minute_buckets(
     shorter); without, filters are literals and `since` (a whole time) is the view's
     lower bound, as a materialized view needs. Buckets are clock minutes, or with
     `aligned_to` (a parameter name) minutes counted back from that instant.
+    `check_rows_only` (with `params`) reads the check metrics' rows alone.
     """
     d = dialect
     names = metric_names(selection)
@@ -397,6 +399,8 @@ def minute_buckets(
         if dense_start is not None:
             params["dense_start"] = dense_start
             bounds += f"(timestamp >= {p('dense_start')} OR name = {checks['eval']})\n  AND "
+        if check_rows_only:
+            bounds += f"name IN ({', '.join(checks.values())})\n  AND "
     is_loss = f"name = {loss}"
     finite = d.finite.format("value")
     offset = "value - TRUNC(value)"
@@ -502,6 +506,34 @@ def bucket_groups_query(
   MAX(job_at) AS job_at
 FROM {source}
 GROUP BY run_cluster, run_id, execution_uid, minute, loss_base"""
+    return Query(sql, params)
+
+
+def check_buckets_query(
+    dialect: Dialect,
+    selection: Selection,
+    start: datetime,
+    end: datetime,
+    dense_start: datetime | None = None,
+    *,
+    telemetry_table: str,
+) -> Query:
+    """The watched runs' check-metric buckets in [start, end), per attempt and clock minute:
+    the backtest's replay of the checks. Only the check metrics' rows are reduced, so a run
+    that logs its loss alone adds no row; `dense_start` cuts all but the evaluation loss's
+    rows shorter, as the tick's read does."""
+    params: dict[str, object] = {}
+    sql = minute_buckets(
+        dialect,
+        telemetry_table,
+        selection,
+        params,
+        start,
+        end,
+        dense_start=dense_start,
+        parts=("checks",),
+        check_rows_only=True,
+    )
     return Query(sql, params)
 
 
