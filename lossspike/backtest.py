@@ -143,6 +143,10 @@ class RunHistory:
     # The checks that fired, by tick (ticks without one are absent): each with the overrides
     # scoped to it then in force.
     checks: dict[int, list[tuple[Fired, RunPolicy]]] | None = None
+    # Per tick, kept with detail when level_shift is on (NaN where it judged nothing): its
+    # trend-aware baseline at the newest minute, and that plus the rise a floor must clear.
+    shift_trend: np.ndarray | None = None
+    shift_limit: np.ndarray | None = None
 
     def reason(self, tick: int) -> str | None:
         code = int(self.codes[tick])
@@ -494,6 +498,8 @@ def _histories(
             )
             if checks is not None:
                 checks.judge(histories[-1], seed, chosen[offset])
+            if detail and LEVEL_SHIFT in enabled:
+                _shift_lines(histories[-1], grid, loss, ends, t, chosen[offset], policies[offset], ticks)
     return histories
 
 
@@ -1108,3 +1114,52 @@ def _newest_attempts(
         if key in wanted:
             out[key] = [_NO_ATTEMPT if g < 0 else names[int(pairs[1][g])] for g in chosen[index].tolist()]
     return out
+
+
+# --- the plot's trend-aware band ---------------------------------------------------
+
+
+def _shift_lines(
+    history: RunHistory,
+    grid: Partial,
+    loss: np.ndarray,
+    ends: np.ndarray,
+    t: Thresholds,
+    chosen: np.ndarray,
+    policy_at: Callable[[int], RunPolicy],
+    times: list[datetime],
+) -> None:
+    """level_shift's baseline and limit at each tick's newest minute, from `detectors.shift_baseline`
+    on the hour the detector judged (the window widened where the run stepped slowly)."""
+    trend = np.full(len(times), np.nan)
+    limit = np.full(len(times), np.nan)
+    history.shift_trend, history.shift_limit = trend, limit
+    ticks = np.flatnonzero((chosen >= 0) & (history.codes >= 0))
+    if not len(ticks) or history.windows is None:
+        return
+    hour = t.baseline_minutes
+    group = chosen[ticks][:, None]
+    columns = (ends[ticks] - hour)[:, None] + np.arange(hour)
+    sliced = Partial(*(f[group, columns] for f in grid))
+    rules = [policy_at(int(k)).thresholds for k in ticks]
+    normal = np.full(len(ticks), t.recent_minutes)
+    wide = np.maximum(normal, detectors.recent_width(loss[group, columns], 1, t.max_recent_minutes))
+    slow = np.array([_slow_stepping(history.windows[k], rule, times[k]) for k, rule in zip(ticks, rules, strict=True)])
+    baseline = detectors.shift_baseline(sliced, np.where(slow, wide, normal))
+    rise = np.array([r.shift_min_rise for r in rules], dtype=float)
+    sigma = np.array([r.shift_sigma for r in rules], dtype=float)
+    trend[ticks] = baseline.trend[:, -1]
+    limit[ticks] = trend[ticks] + np.maximum(rise, sigma * baseline.noise)
+
+
+def _slow_stepping(windows: LossWindows | None, t: Thresholds, now: datetime) -> bool:
+    """A run with a full baseline but too few recent losses, not stalled: the detectors judge it
+    on a widened window (as `_judge` and evaluate.judge_loss decide)."""
+    if windows is None:
+        return False
+    return (
+        loss_spike_reason(windows, t, now)[0] == WARMING_UP
+        and windows.baseline_samples >= t.min_baseline_samples
+        and windows.recent_samples < t.min_recent_samples
+        and not is_stalled(windows.last_loss_at, now, t)
+    )
