@@ -291,6 +291,20 @@ MUTANTS = [
         ["tests/test_backtest.py::test_the_defaults_page_each_detectors_demo_run_once", "tests/test_labels.py"],
     ),
     Mutant(
+        "plot: the trend line one minute old",
+        "lossspike/backtest.py",
+        "trend[ticks] = baseline.trend[:, -1]",
+        "trend[ticks] = baseline.trend[:, -2]",
+        ["tests/test_plot.py::test_plot_draws_level_shifts_trend_aware_band"],
+    ),
+    Mutant(
+        "plot: a check episode ends a tick early",
+        "lossspike/plot.py",
+        "if last is not None and spans[last][3] == i - 1:",
+        "if last is not None and spans[last][3] == i - 2:",
+        ["tests/test_plot.py::test_plot_marks_check_episodes_with_their_reason"],
+    ),
+    Mutant(
         "a failed rollup refresh fails the tick",
         "lossspike/sql.py",
         "EXCEPTION WHEN ERROR THEN\n  SET {REFRESH_FAILED} = TRUE;",
