@@ -294,6 +294,19 @@ def test_bigquery_rendering_gives_the_same_backtest(demo_db):
     assert got.episodes() == want.episodes()
 
 
+def test_bigquery_rendering_gives_the_same_check_replay(demo_db):
+    """The check metrics' read in GoogleSQL gives the same check rows, pages and notices."""
+    ticks = tick_times(NOW - timedelta(minutes=20), NOW + timedelta(minutes=5))
+    with DuckDBStore(demo_db, read_only=True) as duck:
+        [want] = backtest(duck, Settings(), ticks, detail=True)
+    with TranspiledBigQuery(demo_db, read_only=True) as bigquery:
+        [got] = backtest(bigquery, Settings(), ticks, detail=True)
+    assert got.episodes() == want.episodes() and got.notices() == want.notices()
+    assert {e.reason for e in got.episodes()} >= {"grad_norm_high", "steps_skipped"}
+    for i in (0, 12, 25):
+        assert_same_rows(got.rows_at(i), want.rows_at(i), ticks[i])
+
+
 # --- the command line ---------------------------------------------------------
 
 
