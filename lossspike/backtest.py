@@ -1047,21 +1047,24 @@ class _CheckReplay:
             return
         found: dict[int, list[tuple[Fired, RunPolicy]]] = {}
         scoped: dict[str, Callable[[int], RunPolicy]] = {}
+        # Without a row scoped to one check, every check's row takes the run's own overrides:
+        # one policy, one call per tick.
+        shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)
         empty = LossWindows()
+        nothing = CheckData({}, [], self.names)
         for tick in sorted(set(candidates) | set(data_ticks)):
             data = self._data(key, tick) if data_ticks else None
             windows = candidates.get(tick)
             if data is None and windows is None:
                 continue
             reason = REASONS[int(history.codes[tick])]
-            for check in self.checks:
-                if check == LOSS_JUMP and windows is None or check != LOSS_JUMP and data is None:
-                    continue
-                if check not in scoped:
-                    scoped[check] = _policies(self.overrides, key, self.ticks, self.t, check)
-                policy = scoped[check](tick)
-                plain = data or CheckData({}, [], self.names)
-                for fired in run_checks(plain, windows or empty, reason, policy.thresholds, (check,)):
+            judged = [c for c in self.checks if (windows is not None if c == LOSS_JUMP else data is not None)]
+            groups = [(LOSS_SCOPE, tuple(judged))] if shared else [(c, (c,)) for c in judged]
+            for scope, listed in groups:
+                if scope not in scoped:
+                    scoped[scope] = _policies(self.overrides, key, self.ticks, self.t, scope)
+                policy = scoped[scope](tick)
+                for fired in run_checks(data or nothing, windows or empty, reason, policy.thresholds, listed):
                     found.setdefault(tick, []).append((fired, policy))
         history.checks = found
 

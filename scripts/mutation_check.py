@@ -265,8 +265,15 @@ MUTANTS = [
     Mutant(
         "backtest checks: an override scoped to another check applies",
         "lossspike/backtest.py",
-        "scoped[check] = _policies(self.overrides, key, self.ticks, self.t, check)",
-        "scoped[check] = _policies(self.overrides, key, self.ticks, self.t)",
+        "scoped[scope] = _policies(self.overrides, key, self.ticks, self.t, scope)",
+        "scoped[scope] = _policies(self.overrides, key, self.ticks, self.t)",
+        [BACKTEST_CHECKS],
+    ),
+    Mutant(
+        "backtest checks: one policy for every check despite a scoped row",
+        "lossspike/backtest.py",
+        "shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)",
+        "shared = True",
         [BACKTEST_CHECKS],
     ),
     Mutant(
