@@ -8,6 +8,8 @@ them, and both windows are whole minutes long, so every window is a union of
 whole buckets and holds exactly the samples `evaluate` would have read at that
 tick. The verdict itself is `lossspike.rule.loss_spike_reason`, called once per
 run and tick: the backtest reduces data differently, it never judges differently.
+The run-health checks are replayed the same way: a second query reads the check
+metrics' buckets, and `lossspike.checks.run_checks` judges each tick's (`_CheckReplay`).
 """
 
 from __future__ import annotations
