@@ -10,11 +10,14 @@ tick. The verdict is `lossspike.rule.loss_spike_reason`'s, computed over every r
 and tick at once by its array twin `loss_spike_codes` (property-tested equal to it),
 and the detectors are lossspike.detectors' own functions, run only where they can
 change a verdict: the backtest reduces data differently, it never judges differently.
+The run-health checks are replayed the same way: a second query reads the check
+metrics' buckets, and `lossspike.checks.run_checks` judges each tick's (`_CheckReplay`).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,14 +27,30 @@ import numpy as np
 import pyarrow as pa
 
 from lossspike import detectors, minutes
+from lossspike.checks import (
+    CHECK_MINUTES,
+    CHECK_REASONS,
+    CHECKS,
+    EVAL_FRESH_MINUTES,
+    EVAL_LOOKBACK_MINUTES,
+    EVAL_REGRESSED,
+    LOSS_JUMP,
+    CheckData,
+    Fired,
+    MetricMinutes,
+    run_checks,
+)
+from lossspike.evaluate import check_row, checks_in_force
 from lossspike.minutes import Partial
-from lossspike.overrides import OverrideRow, matches, resolve
+from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches, resolve
 from lossspike.rule import (
     DETECTORS,
     HEALTHY,
     INSTABILITY,
     LEVEL_SHIFT,
     NOT_FINITE,
+    NOTIFY,
+    PAGE,
     PAGING_REASONS,
     REASONS,
     SLOW_DIVERGENCE,
@@ -46,7 +65,14 @@ from lossspike.rule import (
     alert_rows,
 )
 from lossspike.settings import Settings
-from lossspike.sql import HISTORY_BLOCK_MINUTES, bucket_groups_query
+from lossspike.sql import (
+    CHECK_METRICS,
+    EVAL_MINUTES_KEPT,
+    HISTORY_BLOCK_MINUTES,
+    bucket_groups_query,
+    check_buckets_query,
+    metric_names,
+)
 from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
@@ -56,6 +82,9 @@ MAX_RANGE = timedelta(days=31)
 _CHUNK_CELLS = 4_000_000
 _CODES = {reason: code for code, reason in enumerate(REASONS)}
 _PAGING_CODES = frozenset(_CODES[r] for r in PAGING_REASONS)
+# The reasons a page may start with (the loss's, then the page checks'), and the notify checks.
+PAGE_REASONS = (*PAGING_REASONS, *(r for r in CHECK_REASONS if CHECKS[r][0] == PAGE))
+NOTIFY_CHECKS = tuple(r for r in CHECK_REASONS if CHECKS[r][0] == NOTIFY)
 
 
 class BacktestError(RuntimeError):
@@ -113,10 +142,25 @@ class RunHistory:
     # Per tick where a detector fired: what it observed and the limit (NaN elsewhere).
     observed: np.ndarray | None = None
     limits: np.ndarray | None = None
+    # The checks that fired, by tick (ticks without one are absent): each with the overrides
+    # scoped to it then in force.
+    checks: dict[int, list[tuple[Fired, RunPolicy]]] | None = None
+    # Per tick, kept with detail when level_shift is on (NaN where it judged nothing): its
+    # trend-aware baseline at the newest minute, and that plus the rise a floor must clear.
+    shift_trend: np.ndarray | None = None
+    shift_limit: np.ndarray | None = None
 
     def reason(self, tick: int) -> str | None:
         code = int(self.codes[tick])
         return None if code < 0 else REASONS[code]
+
+    def check_reasons(self, tick: int, severity: str | None = None, silenced: bool = True) -> list[str]:
+        """The checks that fired at `tick` (of one severity; without the silenced ones if asked)."""
+        return [
+            fired.reason
+            for fired, policy in (self.checks or {}).get(tick, [])
+            if (severity is None or fired.severity == severity) and (silenced or not policy.silenced)
+        ]
 
 
 @dataclass(frozen=True)
@@ -133,6 +177,8 @@ class Episode:
     # The largest recent_floor - band while spiking; None when it never was.
     max_margin: float | None
     reasons: tuple[str, ...] = ()
+    # "page": the run paged (loss reasons and page checks); "notify": notify checks only.
+    severity: str = PAGE
 
 
 @dataclass
@@ -167,52 +213,98 @@ class Backtest:
                 row.update(reason=reason, value=int(not row["silenced"]), severity="page")
                 if history.observed is not None and history.limits is not None:
                     row.update(observed=float(history.observed[tick]), threshold=float(history.limits[tick]))
-        return rows
+        if not any(h.checks for h in self.runs):
+            return rows
+        # Each run's firing checks follow its loss row, as evaluate writes them.
+        out = []
+        for row in rows:
+            out.append(row)
+            history = by_run.get((row["cluster"], row["run"]))
+            for fired, policy in (history.checks or {}).get(tick, []) if history is not None else []:
+                out.append(check_row(self.ticks[tick], (row["cluster"], row["run"]), row["job"], fired, policy))
+        return out
 
     def episodes(self) -> list[Episode]:
         """Every page: maximal runs of consecutive unsilenced paging ticks of a run, by run then time.
 
-        A run pages once per episode whatever reasons fire (SPEC.md), so a shift caught
-        first by one reason and then by another is one page.
+        A tick pages when its loss reason pages or a `page` check fires, each unless an override
+        silences it. A run pages once per episode whatever reasons fire (SPEC.md), so a shift
+        caught first by one reason and then by another is one page.
         """
         paging = np.array(sorted(_PAGING_CODES), dtype=np.int64)
         found = []
         for history in self.runs:
             # A silenced tick does not page: it ends an episode like a healthy one.
             codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes
-            pages = np.isin(codes, paging)
-            edges = np.diff(np.concatenate(([0], pages.astype(np.int8), [0])))
-            starts, stops = np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()
-            for first, stop in zip(starts, stops, strict=True):
+            loss = np.isin(codes, paging)
+            checked = _firing(history, PAGE)
+            found += self._spans(history, PAGE, loss, codes, checked)
+        return found
+
+    def notices(self) -> list[Episode]:
+        """Every notice: maximal runs of consecutive ticks of a run with an unsilenced `notify`
+        check; reported beside the pages, never counted as one."""
+        found = []
+        for history in self.runs:
+            checked = _firing(history, NOTIFY)
+            if checked:
+                found += self._spans(history, NOTIFY, np.zeros(len(history.codes), dtype=bool), history.codes, checked)
+        return found
+
+    def _spans(
+        self, history: RunHistory, severity: str, loss: np.ndarray, codes: np.ndarray, checked: dict[int, list[str]]
+    ) -> list[Episode]:
+        marked = loss
+        if checked:
+            marked = loss.copy()
+            marked[list(checked)] = True
+        edges = np.diff(np.concatenate(([0], marked.astype(np.int8), [0])))
+        starts, stops = np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()
+        found = []
+        for first, stop in zip(starts, stops, strict=True):
+            if checked:
+                seen = []
+                for tick in range(first, stop):
+                    if loss[tick]:
+                        seen.append(REASONS[int(codes[tick])])
+                    seen += checked.get(tick, [])
+            else:
                 seen = [REASONS[int(c)] for c in codes[first:stop]]
-                reasons = tuple(dict.fromkeys(seen))
-                margins = history.margins[first:stop]
-                # Margins are recorded at spiking ticks only (NaN elsewhere).
-                largest = float(np.nanmax(margins)) if not np.isnan(margins).all() else None
-                found.append(
-                    Episode(
-                        history.cluster,
-                        history.run,
-                        reasons[0],
-                        self.ticks[first],
-                        self.ticks[stop - 1],
-                        stop - first,
-                        largest,
-                        reasons,
-                    )
+            reasons = tuple(dict.fromkeys(seen))
+            # Margins are recorded at spiking and detector ticks only (NaN elsewhere); a tick that
+            # pages by a check alone has none.
+            margins = np.where(loss[first:stop], history.margins[first:stop], np.nan)
+            largest = float(np.nanmax(margins)) if not np.isnan(margins).all() else None
+            found.append(
+                Episode(
+                    history.cluster,
+                    history.run,
+                    reasons[0],
+                    self.ticks[first],
+                    self.ticks[stop - 1],
+                    stop - first,
+                    largest,
+                    reasons,
+                    severity,
                 )
+            )
         return found
 
     def run_summaries(self) -> list[dict[str, Any]]:
-        """Per run: ticks watched, run-days, ticks per reason, pages and pages per run-day."""
+        """Per run: ticks watched, run-days, ticks per reason, pages and pages per run-day, notices."""
         pages: dict[tuple[str, str], list[Episode]] = {}
         for episode in self.episodes():
             pages.setdefault((episode.cluster, episode.run), []).append(episode)
+        notices: dict[tuple[str, str], list[Episode]] = {}
+        for episode in self.notices():
+            notices.setdefault((episode.cluster, episode.run), []).append(episode)
         out = []
         for history in self.runs:
             watched = int((history.codes >= 0).sum())
             days = watched * self.every_minutes / 1440
             own = pages.get((history.cluster, history.run), [])
+            told = notices.get((history.cluster, history.run), [])
+            fired = [r for tick in (history.checks or {}) for r in history.check_reasons(tick)]
             out.append(
                 {
                     "cluster": history.cluster,
@@ -220,10 +312,14 @@ class Backtest:
                     "ticks_watched": watched,
                     "run_days": days,
                     "ticks_by_reason": {r: int((history.codes == _CODES[r]).sum()) for r in REASONS},
+                    "ticks_by_check": {r: fired.count(r) for r in CHECK_REASONS},
                     "pages": len(own),
-                    "pages_by_reason": {r: sum(e.reason == r for e in own) for r in PAGING_REASONS},
+                    "pages_by_reason": {r: sum(e.reason == r for e in own) for r in PAGE_REASONS},
                     "pages_per_run_day": len(own) / days if days else None,
                     "episodes": own,
+                    "notices": len(told),
+                    "notices_by_reason": {r: sum(e.reason == r for e in told) for r in NOTIFY_CHECKS},
+                    "notice_episodes": told,
                 }
             )
         return out
@@ -237,8 +333,10 @@ class Backtest:
             "runs": len(per_run),
             "run_days": days,
             "pages": pages,
-            "pages_by_reason": {r: sum(s["pages_by_reason"][r] for s in per_run) for r in PAGING_REASONS},
+            "pages_by_reason": {r: sum(s["pages_by_reason"][r] for s in per_run) for r in PAGE_REASONS},
             "pages_per_run_day": pages / days if days else None,
+            "notices": sum(r["notices"] for r in per_run),
+            "notices_by_reason": {r: sum(s["notices_by_reason"][r] for s in per_run) for r in NOTIFY_CHECKS},
         }
 
 
@@ -282,15 +380,49 @@ def backtest(
     buckets = store.fetch(query)
     # The overrides in force at each tick, as they were then (by created_at and silenced_until).
     rows = store.read_overrides(ticks[-1]) if overrides else []
+    # Every row read counts for the checks' list: a model-specific check a row turns on later
+    # fires nothing before, since no threshold is set for it then (evaluate.checks_in_force).
+    checks = [checks_in_force(settings.checks, thresholds, rows) for thresholds in variants]
+    check_buckets = _read_checks(store, settings, ticks, checks)
+    names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
     return [
         Backtest(
             list(ticks),
             every,
             thresholds,
-            _histories(buckets, ticks, lookback, thresholds, detail, rows, settings.detectors, settings.attempts),
+            _histories(
+                buckets,
+                ticks,
+                lookback,
+                thresholds,
+                detail,
+                rows,
+                settings.detectors,
+                settings.attempts,
+                _CheckReplay(listed, buckets, check_buckets, ticks, thresholds, rows, names) if listed else None,
+            ),
         )
-        for thresholds in variants
+        for thresholds, listed in zip(variants, checks, strict=True)
     ]
+
+
+def _read_checks(
+    store: Store, settings: Settings, ticks: list[datetime], checks: list[tuple[str, ...]]
+) -> pa.Table | None:
+    """The check metrics' minute buckets the ticks read (None when no check reads any)."""
+    dense, evals = (max(parts) for parts in zip(*(check_lookback(c) for c in checks), strict=True))
+    if not dense and not evals:
+        return None
+    start = ticks[0] - timedelta(minutes=max(dense, evals))
+    query = check_buckets_query(
+        store.dialect,
+        settings.selection,
+        start,
+        ticks[-1],
+        dense_start=ticks[0] - timedelta(minutes=dense) if evals > dense else None,
+        telemetry_table=settings.telemetry_table,
+    )
+    return store.fetch(query)
 
 
 def _histories(
@@ -302,6 +434,7 @@ def _histories(
     overrides: list[OverrideRow],
     enabled: tuple[str, ...] = (),
     attempts: str = "all",
+    checks: _CheckReplay | None = None,
 ) -> list[RunHistory]:
     """Merge the minute buckets into every run's windows at every tick and judge them.
 
@@ -366,6 +499,12 @@ def _histories(
             histories.append(
                 _judge(keys[index], seed, run_windows, chosen[offset], verdicts, found, offset, jobs, ticks, detail)
             )
+            if checks is not None:
+                checks.judge(histories[-1], seed, chosen[offset])
+            if detail and LEVEL_SHIFT in enabled:
+                _shift_lines(
+                    histories[-1], grid, loss, ends, t, chosen[offset], policies[offset], verdicts.slow[offset], ticks
+                )
     return histories
 
 
@@ -649,10 +788,11 @@ def _sliding(grids: dict[str, np.ndarray], starts: np.ndarray, size: int) -> Par
 
 
 def _policies(
-    rows: list[OverrideRow], key: tuple[str, str], ticks: list[datetime], base: Thresholds
+    rows: list[OverrideRow], key: tuple[str, str], ticks: list[datetime], base: Thresholds, scope: str = LOSS_SCOPE
 ) -> Callable[[int], RunPolicy]:
-    """The overrides in force for one run at each tick; resolved again only when a row starts or ends."""
-    mine = [r for r in rows if matches(r, *key)]
+    """The overrides in force for one row of a run (`scope`: its loss row or a check's) at each
+    tick; resolved again only when a row starts or ends."""
+    mine = [r for r in rows if matches(r, *key) and r.reason in (None, scope)]
     if not mine:
         plain = RunPolicy(base)
         return lambda tick: plain
@@ -662,7 +802,7 @@ def _policies(
     def at(tick: int) -> RunPolicy:
         epoch = bisect.bisect_right(changes, ticks[tick])
         if epoch not in cache:
-            cache[epoch] = resolve(mine, key[0], key[1], ticks[tick], base)
+            cache[epoch] = resolve(mine, key[0], key[1], ticks[tick], base, scope)
         return cache[epoch]
 
     return at
@@ -867,3 +1007,301 @@ def _windows_at(
     for tick, values in zip(enrolled.tolist(), zip(*columns, strict=True), strict=True):
         kept[tick] = LossWindows(*values)
     return kept
+
+
+# --- the checks ----------------------------------------------------------------
+
+_HEALTHY_CODE = _CODES[HEALTHY]
+_DENSE_KEYS = tuple(key for key in CHECK_METRICS if key != "eval")
+
+
+@dataclass(frozen=True)
+class _Series:
+    """One check metric of one attempt: its minutes with a value, oldest first (minute indexes)."""
+
+    minutes: list[int]
+    finite: list[int]
+    sums: list[float]
+    last: list[float]
+    # Per minute, the position of the newest minute at or before it with a finite value (-1: none).
+    finite_at: list[int]
+    last_finite: list[float]
+
+
+@dataclass(frozen=True)
+class _Evals:
+    """One attempt's minutes with a finite evaluation loss, oldest first."""
+
+    minutes: list[int]
+    values: list[float]
+    at: list[int]
+
+
+def check_lookback(checks: tuple[str, ...]) -> tuple[int, int]:
+    """(minutes of dense check rows, minutes of evaluation rows) a tick with these checks reads;
+    loss_jump reads the loss windows only."""
+    dense = CHECK_MINUTES if any(c not in (LOSS_JUMP, EVAL_REGRESSED) for c in checks) else 0
+    return dense, EVAL_LOOKBACK_MINUTES if EVAL_REGRESSED in checks else 0
+
+
+class _CheckReplay:
+    """The checks of one rule variant at every tick, as `evaluate.judge` runs them at that `now`.
+
+    Only the runs with a check metric's row read check data (and choose their newest attempt
+    a second time, whatever `attempts` says, as the tick's checks do); loss_jump reads every
+    run's loss windows, filtered with numpy first, so a loss-only run costs a few array
+    operations. The verdicts are `checks.run_checks`'s, each check with the override rows
+    scoped to it in force at that tick.
+    """
+
+    def __init__(
+        self,
+        checks: tuple[str, ...],
+        buckets: pa.Table,
+        check_buckets: pa.Table | None,
+        ticks: list[datetime],
+        t: Thresholds,
+        overrides: list[OverrideRow],
+        names: dict[str, str],
+    ) -> None:
+        self.checks = checks
+        self.ticks = ticks
+        self.t = t
+        self.overrides = overrides
+        self.names = names
+        self.tick_minutes = [_minute_index(tick) for tick in ticks]
+        self.tick_micros = [m * minutes.MICROS_PER_MINUTE for m in self.tick_minutes]
+        # The smallest loss_jump limit any tick could apply: the settings' or an override row's.
+        limits = [
+            t.loss_jump_limit,
+            *(r.loss_jump_limit for r in overrides if isinstance(r.loss_jump_limit, (int, float))),
+        ]
+        self.jump_floor = min(v for v in limits if not math.isnan(v)) if limits else math.inf
+        self.dense: dict[tuple[str, str], dict[str, dict[str, _Series]]] = {}
+        self.evals: dict[tuple[str, str], dict[str, _Evals]] = {}
+        self.attempts: dict[tuple[str, str], list[str | None]] = {}
+        if check_buckets is not None and check_buckets.num_rows:
+            self._read(check_buckets)
+            self.attempts = _newest_attempts(buckets, set(self.dense) | set(self.evals), ticks, t)
+
+    def _read(self, table: pa.Table) -> None:
+        keys, row_run = minutes.run_keys(table)
+        uids = table.column("execution_uid").to_pylist()
+        ranked = sorted({u for u in uids if u is not None})
+        rank = {uid: i + 1 for i, uid in enumerate(ranked)}
+        names: list[Any] = [None, *ranked]
+        codes = np.array([0 if u is None else rank[u] for u in uids], dtype=np.int64)
+        minute = minutes.minute_indexes(table)
+        order = np.lexsort((minute, codes, row_run))
+        run, code, minute = row_run[order], codes[order], minute[order]
+
+        def column(name: str, fill: Any, dtype: Any) -> np.ndarray:
+            return minutes.filled(table, name, fill, dtype)[order]
+
+        def segments(keep: np.ndarray) -> list[tuple[tuple[str, str], Any, np.ndarray]]:
+            """The kept rows of each (run, attempt), oldest first."""
+            picked = np.flatnonzero(keep)
+            cuts = np.flatnonzero(np.diff(run[picked]) | np.diff(code[picked])) + 1
+            return [
+                (keys[int(run[rows[0]])], names[int(code[rows[0]])], rows)
+                for rows in np.split(picked, cuts)
+                if len(rows)
+            ]
+
+        for name in _DENSE_KEYS:
+            last_at = minutes.micros(table, f"{name}_last_at")[order]
+            has_finite = minutes.micros(table, f"{name}_last_finite_at")[order] != minutes.NO_TIME
+            finite, sums = column(f"{name}_finite", 0, np.int64), column(f"{name}_sum", 0.0, np.float64)
+            last, last_finite = (
+                column(f"{name}_last", math.nan, np.float64),
+                column(f"{name}_last_finite", math.nan, np.float64),
+            )
+            for key, uid, rows in segments(last_at != minutes.NO_TIME):
+                newest = np.maximum.accumulate(np.where(has_finite[rows], np.arange(len(rows)), -1))
+                self.dense.setdefault(key, {}).setdefault(uid, {})[name] = _Series(
+                    minute[rows].tolist(),
+                    finite[rows].tolist(),
+                    sums[rows].tolist(),
+                    last[rows].tolist(),
+                    newest.tolist(),
+                    last_finite[rows].tolist(),
+                )
+        eval_at = minutes.micros(table, "eval_last_finite_at")[order]
+        values = column("eval_last_finite", math.nan, np.float64)
+        for key, uid, rows in segments(eval_at != minutes.NO_TIME):
+            self.evals.setdefault(key, {})[uid] = _Evals(
+                minute[rows].tolist(), values[rows].tolist(), eval_at[rows].tolist()
+            )
+
+    def _data(self, key: tuple[str, str], tick: int) -> CheckData | None:
+        """What the tick's checks read for the run: its newest attempt's metrics of the check
+        window and its two newest evaluations (None when it has neither)."""
+        uid_list = self.attempts.get(key)
+        if uid_list is None or uid_list[tick] is _NO_ATTEMPT:
+            return None
+        uid = uid_list[tick]
+        end = self.tick_minutes[tick]
+        metrics = {}
+        for name, series in self.dense.get(key, {}).get(uid, {}).items():
+            lo = bisect.bisect_left(series.minutes, end - CHECK_MINUTES)
+            hi = bisect.bisect_left(series.minutes, end)
+            if lo == hi:
+                continue
+            newest_finite = series.finite_at[hi - 1]
+            metrics[name] = MetricMinutes(
+                series.finite[lo:hi],
+                series.sums[lo:hi],
+                series.last[hi - 1],
+                series.last_finite[newest_finite] if newest_finite >= lo else None,
+            )
+        evals: list[tuple[float, int]] = []
+        found = self.evals.get(key, {}).get(uid)
+        if found is not None and EVAL_REGRESSED in self.checks:
+            hi = bisect.bisect_left(found.minutes, end)
+            lo = max(bisect.bisect_left(found.minutes, end - EVAL_LOOKBACK_MINUTES), hi - EVAL_MINUTES_KEPT)
+            # The newest evaluation must be recent; the one before it may be a day old.
+            fresh = (
+                hi > lo and found.at[hi - 1] >= self.tick_micros[tick] - EVAL_FRESH_MINUTES * minutes.MICROS_PER_MINUTE
+            )
+            if fresh:
+                evals = [
+                    (found.values[i], found.minutes[i] * minutes.MICROS_PER_MINUTE) for i in range(hi - 1, lo - 1, -1)
+                ]
+        if not metrics and not evals:
+            return None
+        return CheckData(metrics, evals, self.names)
+
+    def judge(self, history: RunHistory, seed: dict[str, np.ndarray], chosen: np.ndarray) -> None:
+        """Every check of the run at every tick it was enrolled; the firing ones go to history.checks."""
+        key = (history.cluster, history.run)
+        candidates: dict[int, LossWindows] = {}
+        if LOSS_JUMP in self.checks:
+            # Only beside a healthy loss row whose floors rose by more than the smallest limit.
+            ticks = np.arange(len(chosen))
+            pick = np.maximum(chosen, 0)
+            base_floor = seed["baseline_floor"][pick, ticks]
+            recent_floor = seed["recent_floor"][pick, ticks]
+            present = (
+                (chosen >= 0) & (seed["baseline_samples"][pick, ticks] > 0) & (seed["recent_finite"][pick, ticks] > 0)
+            )
+            with np.errstate(invalid="ignore"):
+                rose = present & (history.codes == _HEALTHY_CODE) & (recent_floor - base_floor > self.jump_floor)
+            for tick in np.flatnonzero(rose).tolist():
+                # The two floors are all loss_jump reads of the windows.
+                candidates[tick] = LossWindows(
+                    baseline_floor=float(base_floor[tick]), recent_floor=float(recent_floor[tick])
+                )
+        data_ticks = []
+        if key in self.attempts:
+            data_ticks = [tick for tick in np.flatnonzero(history.codes >= 0).tolist()]
+        if not candidates and not data_ticks:
+            return
+        found: dict[int, list[tuple[Fired, RunPolicy]]] = {}
+        scoped: dict[str, Callable[[int], RunPolicy]] = {}
+        # Without a row scoped to one check, every check's row takes the run's own overrides:
+        # one policy, one call per tick.
+        shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)
+        empty = LossWindows()
+        nothing = CheckData({}, [], self.names)
+        for tick in sorted(set(candidates) | set(data_ticks)):
+            data = self._data(key, tick) if data_ticks else None
+            windows = candidates.get(tick)
+            if data is None and windows is None:
+                continue
+            reason = REASONS[int(history.codes[tick])]
+            judged = [c for c in self.checks if (windows is not None if c == LOSS_JUMP else data is not None)]
+            groups = [(LOSS_SCOPE, tuple(judged))] if shared else [(c, (c,)) for c in judged]
+            for scope, listed in groups:
+                if scope not in scoped:
+                    scoped[scope] = _policies(self.overrides, key, self.ticks, self.t, scope)
+                policy = scoped[scope](tick)
+                for fired in run_checks(data or nothing, windows or empty, reason, policy.thresholds, listed):
+                    found.setdefault(tick, []).append((fired, policy))
+        history.checks = found
+
+
+def _firing(history: RunHistory, severity: str) -> dict[int, list[str]]:
+    """Per tick, the unsilenced checks of one severity that fired (ticks without one absent)."""
+    found = {}
+    for tick in history.checks or {}:
+        reasons = history.check_reasons(tick, severity, silenced=False)
+        if reasons:
+            found[tick] = reasons
+    return found
+
+
+# An attempt list's entry for a tick at which the run had no sample in the hour.
+_NO_ATTEMPT = object()
+
+
+def _newest_attempts(
+    buckets: pa.Table, wanted: set[tuple[str, str]], ticks: list[datetime], t: Thresholds
+) -> dict[tuple[str, str], list[Any]]:
+    """Per run in `wanted`, per tick: the attempt (execution UID) of its newest sample of the
+    hour, ties to the larger UID (NULL below every UID), as the tick's checks read it."""
+    import pyarrow.compute as pc
+
+    runs = pa.array(sorted({run for _, run in wanted}), type=pa.string())
+    table = buckets.filter(pc.is_in(buckets.column("run_id"), value_set=runs))
+    if not table.num_rows:
+        return {}
+    keys, row_run = minutes.run_keys(table)
+    uids = table.column("execution_uid").to_pylist()
+    ranked = sorted({u for u in uids if u is not None})
+    rank = {uid: i + 1 for i, uid in enumerate(ranked)}
+    codes = np.array([0 if u is None else rank[u] for u in uids], dtype=np.int64)
+    tick_minutes = np.array([_minute_index(tick) for tick in ticks], dtype=np.int64)
+    origin = int(tick_minutes[0]) - t.baseline_minutes
+    slot = minutes.minute_indexes(table) - origin
+    width = int(tick_minutes[-1]) - origin
+    ends = tick_minutes - origin
+    inside = slot >= 0
+    pairs, group = np.unique(np.stack([row_run[inside], codes[inside]]), axis=1, return_inverse=True)
+    group = group.reshape(-1)
+    sampled = np.full(pairs.shape[1] * width, minutes.NO_TIME, dtype=np.int64)
+    np.maximum.at(sampled, group * width + slot[inside], minutes.micros(table, "sample_at")[inside])
+    sampled = np.maximum.accumulate(sampled.reshape(pairs.shape[1], width), axis=1)
+    chosen = _chosen_groups(pairs[0], pairs[1], sampled, ends, tick_minutes, t, len(keys))
+    names: list[Any] = [None, *ranked]
+    out = {}
+    for index, key in enumerate(keys):
+        if key in wanted:
+            out[key] = [_NO_ATTEMPT if g < 0 else names[int(pairs[1][g])] for g in chosen[index].tolist()]
+    return out
+
+
+# --- the plot's trend-aware band ---------------------------------------------------
+
+
+def _shift_lines(
+    history: RunHistory,
+    grid: Partial,
+    loss: np.ndarray,
+    ends: np.ndarray,
+    t: Thresholds,
+    chosen: np.ndarray,
+    policy_at: Callable[[int], RunPolicy],
+    slow_stepping: np.ndarray,
+    times: list[datetime],
+) -> None:
+    """level_shift's baseline and limit at each tick's newest minute, from `detectors.shift_baseline`
+    on the hour the detector judged (the window widened where the run stepped slowly, as
+    `_seed_verdicts` found)."""
+    trend = np.full(len(times), np.nan)
+    limit = np.full(len(times), np.nan)
+    history.shift_trend, history.shift_limit = trend, limit
+    ticks = np.flatnonzero((chosen >= 0) & (history.codes >= 0))
+    if not len(ticks) or history.windows is None:
+        return
+    hour = t.baseline_minutes
+    group = chosen[ticks][:, None]
+    columns = (ends[ticks] - hour)[:, None] + np.arange(hour)
+    sliced = Partial(*(f[group, columns] for f in grid))
+    rules = [policy_at(int(k)).thresholds for k in ticks]
+    normal = np.full(len(ticks), t.recent_minutes)
+    wide = np.maximum(normal, detectors.recent_width(loss[group, columns], 1, t.max_recent_minutes))
+    baseline = detectors.shift_baseline(sliced, np.where(slow_stepping[ticks], wide, normal))
+    rise = np.array([r.shift_min_rise for r in rules], dtype=float)
+    sigma = np.array([r.shift_sigma for r in rules], dtype=float)
+    trend[ticks] = baseline.trend[:, -1]
+    limit[ticks] = trend[ticks] + np.maximum(rise, sigma * baseline.noise)

@@ -578,6 +578,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"  lossspike evaluate --database {path} --now {format_rfc3339(now)} --format json --no-write\n"
         "  lossspike sql --dialect bigquery     # the same query in GoogleSQL (--rollup-table VIEW: the cloud tick)\n"
         "  lossspike cost --runs 1000           # what a tick bills on BigQuery, part by part\n"
+        f"  lossspike backtest --database {path} --end {format_rfc3339(now)}"
+        "   # the last day replayed: pages (loss reasons, page checks) and notices\n"
+        f"  lossspike plot hero-yi-34b --database {path} --end {format_rfc3339(now)} -o yi.png"
+        "   # level_shift's trend-aware band, check episodes\n"
     )
     return 0
 

@@ -143,21 +143,23 @@ def recent_width(samples: np.ndarray, recent: int, widest: int) -> np.ndarray:
     return np.where(enough.any(axis=-1), np.argmax(enough, axis=-1) + 1, widest)
 
 
-def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> Finding:
-    """The recent minutes' floors against the baseline's falling trend (see the module's doc).
+class ShiftBaseline(NamedTuple):
+    """What level_shift compares a recent minute's floor with: per minute, the baseline's trend
+    line (NaN where the baseline's newer half has no minute), and the floors' robust spread."""
 
-    Observed is the smallest rise of a recent minute's floor over the trend line; the
-    limit is max(min_rise, sigma x spread). A jump between two consecutive minutes of at
-    least half that limit must lead into the window: a shift is a step, while a loss that
-    flattens after a fast fall leaves the line only gradually.
-    """
+    trend: np.ndarray
+    noise: np.ndarray
+
+
+def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
+    """level_shift's trend-aware baseline for a recent window of `width` minutes (see the module's
+    doc); the limit a floor must clear over it is max(shift_min_rise, shift_sigma x noise)."""
     minutes = grid.n.shape[-1]
     floors = np.where(grid.n > 0, grid.floor, np.nan)
     data = grid.n > 0
     idx = np.arange(minutes)
     start = (minutes - width)[..., None]
-    recent = idx >= start
-    base = data & ~recent
+    base = data & (idx < start)
     fit = base & (idx >= start - FIT_MINUTES)
     middle = start - FIT_MINUTES / 2
     halves = [fit & (idx < middle), fit & (idx >= middle)]
@@ -178,11 +180,27 @@ def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> 
     clear = enough & (_quiet(np.greater, fall, doubt))
     slope = np.where(clear, np.nan_to_num(_quiet(np.divide, -fall, times[1] - times[0])), 0.0)
     trend = levels[1][..., None] + slope[..., None] * (idx - times[1][..., None])
-    rises = floors - trend
-    limit = np.maximum(min_rise, sigma * noise)
-    observed = _quiet(np.nanmin, np.where(recent & data, rises, np.nan), axis=-1)
+    return ShiftBaseline(trend, noise)
+
+
+def level_shift(grid: Partial, width: np.ndarray, min_rise: Any, sigma: Any) -> Finding:
+    """The recent minutes' floors against the baseline's falling trend (see the module's doc).
+
+    Observed is the smallest rise of a recent minute's floor over the trend line; the
+    limit is max(min_rise, sigma x spread). A jump between two consecutive minutes of at
+    least half that limit must lead into the window: a shift is a step, while a loss that
+    flattens after a fast fall leaves the line only gradually.
+    """
+    minutes = grid.n.shape[-1]
+    floors = np.where(grid.n > 0, grid.floor, np.nan)
+    data = grid.n > 0
+    recent = np.arange(minutes) >= (minutes - width)[..., None]
+    baseline = shift_baseline(grid, width)
+    limit = np.maximum(min_rise, sigma * baseline.noise)
+    observed = _quiet(np.nanmin, np.where(recent & data, floors - baseline.trend, np.nan), axis=-1)
     jump, enough = _step_into(grid, width)
-    fired = enough & np.isfinite(levels[1]) & (observed > limit) & (jump >= limit / 2)
+    # The trend is NaN exactly where the newer half has no level.
+    fired = enough & np.isfinite(baseline.trend[..., -1]) & (observed > limit) & (jump >= limit / 2)
     return Finding(fired, observed, limit)
 
 

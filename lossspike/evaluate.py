@@ -8,6 +8,7 @@ rule (lossspike.rule), the detectors and the checks judge them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +28,14 @@ from lossspike.checks import (
 from lossspike.deadline import Deadline
 from lossspike.detectors import LIMITS, detect, recent_width
 from lossspike.minutes import Partial, TickRuns
-from lossspike.overrides import LOSS_SCOPE, overrides_table_name, run_policies, unusable_rows, unusable_summary
+from lossspike.overrides import (
+    LOSS_SCOPE,
+    OverrideRow,
+    overrides_table_name,
+    run_policies,
+    unusable_rows,
+    unusable_summary,
+)
 from lossspike.rule import (
     HEALTHY,
     PAGING_REASONS,
@@ -46,7 +54,7 @@ from lossspike.settings import Settings
 from lossspike.sql import TickWindows, metric_names
 from lossspike.store import Store, StoreError, TickRead
 
-__all__ = ["StoreError", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
+__all__ = ["StoreError", "checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
 
 
 def tick_windows(settings: Settings, now: datetime) -> TickWindows:
@@ -96,14 +104,7 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     runs = minutes.tick_runs(read.buckets, now, windows.hour, windows.history, settings.attempts, EVAL_FRESH_MINUTES)
     if not runs.keys:
         return [fleet_row(now)]
-    checks = enabled_checks(settings.checks, t)
-    if settings.checks is None:
-        # A model-specific check is on once its threshold is set, by the settings or by an
-        # override row for some run; it fires nothing for a run without one.
-        set_by_rows = {
-            r for r, (_, f) in CHECKS.items() if f and any(getattr(o, f) is not None for o in read.overrides)
-        }
-        checks = tuple(r for r in CHECKS if r in checks or r in set_by_rows)
+    checks = checks_in_force(settings.checks, t, read.overrides)
     found = run_policies(runs.keys, read.overrides, now, t, LOSS_SCOPE)
     plain = RunPolicy(t)
     policies = [found.get(key, plain) for key in runs.keys]
@@ -128,6 +129,20 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
             for fired in run_checks(data, windows_i, reason, scoped.thresholds, (check,)):
                 rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
     return rows
+
+
+def checks_in_force(
+    listed: tuple[str, ...] | None, thresholds: Thresholds, overrides: Sequence[OverrideRow]
+) -> tuple[str, ...]:
+    """The checks a tick runs with these override rows read: `enabled_checks`, and by default
+    also every model-specific check whose threshold some row sets."""
+    checks = enabled_checks(listed, thresholds)
+    if listed is None:
+        # A model-specific check is on once its threshold is set, by the settings or by an
+        # override row for some run; it fires nothing for a run without one.
+        set_by_rows = {r for r, (_, f) in CHECKS.items() if f and any(getattr(o, f) is not None for o in overrides)}
+        checks = tuple(r for r in CHECKS if r in checks or r in set_by_rows)
+    return checks
 
 
 def judge_loss(

@@ -1,9 +1,11 @@
 """One run's loss and the rule's view of it, as a PNG an on-call engineer reads at a glance.
 
 The raw samples, then at every tick of a backtest: the baseline reference, the
-band the recent floor must clear, the recent floor itself, and the alert
-episodes shaded by reason. matplotlib is an optional extra (`lossspike[plot]`),
-imported only here and only when a plot is drawn.
+band the recent floor must clear, the recent floor itself, level_shift's
+trend-aware baseline and limit (when the detector is on), the alert episodes
+shaded by reason, and the run-health checks' episodes as a strip along the bottom.
+matplotlib is an optional extra (`lossspike[plot]`), imported only here and only
+when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -17,15 +19,48 @@ from typing import Any
 import numpy as np
 
 from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest
+from lossspike.checks import CHECK_REASONS, CHECKS
 from lossspike.report import describe
-from lossspike.rule import NON_FINITE_MAGNITUDE, NOT_FINITE, SPIKING, STALLED, WARMING_UP, band, is_finite, reference
+from lossspike.rule import (
+    INSTABILITY,
+    LEVEL_SHIFT,
+    NON_FINITE_MAGNITUDE,
+    NOT_FINITE,
+    PAGE,
+    SLOW_DIVERGENCE,
+    SPIKING,
+    STALLED,
+    WARMING_UP,
+    band,
+    is_finite,
+    reference,
+)
 from lossspike.settings import Settings
 from lossspike.sql import run_samples_query
 from lossspike.store import Store
 from lossspike.times import format_rfc3339
 
 # One colour per reason, shared by the shading and the legend.
-REASON_COLOURS = {SPIKING: "#d62728", NOT_FINITE: "#9467bd", STALLED: "#8c564b", WARMING_UP: "#bdbdbd"}
+REASON_COLOURS = {
+    SPIKING: "#d62728",
+    NOT_FINITE: "#9467bd",
+    STALLED: "#8c564b",
+    LEVEL_SHIFT: "#e377c2",
+    SLOW_DIVERGENCE: "#bcbd22",
+    INSTABILITY: "#17becf",
+    WARMING_UP: "#bdbdbd",
+}
+# One colour per check, for its strip along the bottom of the plot.
+CHECK_COLOURS = dict(
+    zip(
+        CHECK_REASONS,
+        ("#a50f15", "#e6550d", "#fd8d3c", "#31a354", "#3182bd", "#6baed6", "#756bb1", "#9e9ac8", "#636363"),
+        strict=True,
+    )
+)
+# The checks' strip: this share of the axes' height, at its bottom.
+CHECK_STRIP = 0.05
+_TREND = "#e377c2"
 _SAMPLES = "#7fa7cf"
 _REFERENCE = "#444444"
 _BAND = "#ff7f0e"
@@ -82,6 +117,20 @@ def _episodes(history: RunHistory, ticks: list[datetime]) -> list[tuple[str, dat
     return [(reason, first, last) for reason, first, last, _ in spans]
 
 
+def check_episodes(history: RunHistory, ticks: list[datetime]) -> list[tuple[str, datetime, datetime]]:
+    """(check, first tick, last tick) of each stretch of consecutive ticks at which a check fired."""
+    spans: list[tuple[str, datetime, datetime, int]] = []
+    fired = history.checks or {}
+    for i in sorted(fired):
+        for reason in dict.fromkeys(history.check_reasons(i)):
+            last = next((k for k in range(len(spans) - 1, -1, -1) if spans[k][0] == reason), None)
+            if last is not None and spans[last][3] == i - 1:
+                spans[last] = (reason, spans[last][1], ticks[i], i)
+            else:
+                spans.append((reason, ticks[i], ticks[i], i))
+    return [(reason, first, last) for reason, first, last, _ in spans]
+
+
 def run_figure(
     store: Store,
     settings: Settings,
@@ -120,12 +169,15 @@ def run_figure(
         limits.append(_value(None if windows is None else band(windows, rule)))
         floors.append(_value(None if windows is None else windows.recent_floor))
     levels_a, limits_a, floors_a = (np.array(x, dtype=float) for x in (levels, limits, floors))
+    shift = history.shift_trend is not None and bool(np.isfinite(history.shift_trend).any())
+    trend_a = history.shift_trend if shift and history.shift_trend is not None else np.full(len(ticks), np.nan)
+    shift_limit_a = history.shift_limit if shift and history.shift_limit is not None else np.full(len(ticks), np.nan)
 
     # The rule's non-finite (NaN, inf, |v| >= 1e150) is drawn as such: near 1e308 the
     # axis span itself would overflow to an infinite limit.
     with np.errstate(invalid="ignore"):
         finite = np.abs(values) < NON_FINITE_MAGNITUDE
-    lines = np.concatenate([levels_a, limits_a, floors_a])
+    lines = np.concatenate([levels_a, limits_a, floors_a, trend_a, shift_limit_a])
     lines = lines[np.isfinite(lines)]
     basis = values[finite]
     low_high = [np.percentile(basis, 0.5), np.percentile(basis, 99.5)] if len(basis) else []
@@ -165,6 +217,24 @@ def run_figure(
     # Each tick's verdict holds until the next tick: draw steps through one interval past the last.
     tick_times = [*ticks, ticks[-1] + every]
     levels_a, limits_a, floors_a = (np.append(a, a[-1]) for a in (levels_a, limits_a, floors_a))
+    if shift:
+        axes.plot(
+            tick_times,
+            np.append(trend_a, trend_a[-1]),
+            drawstyle="steps-post",
+            color=_TREND,
+            linestyle=":",
+            linewidth=1.5,
+            label="level_shift trend (baseline through two 10-min medians)",
+        )
+        axes.plot(
+            tick_times,
+            np.append(shift_limit_a, shift_limit_a[-1]),
+            drawstyle="steps-post",
+            color=_TREND,
+            linewidth=1.5,
+            label=f"level_shift limit = trend + max({t.shift_min_rise:g}, {t.shift_sigma:g} x spread)",
+        )
     axes.plot(
         tick_times,
         levels_a,
@@ -205,13 +275,21 @@ def run_figure(
             )
         if reason not in shown:
             shown.append(reason)
+    checked = []
+    for reason, first, last in check_episodes(history, list(ticks)):
+        axes.axvspan(first, last + every, ymin=0.0, ymax=CHECK_STRIP, color=CHECK_COLOURS[reason], linewidth=0)
+        if reason not in checked:
+            checked.append(reason)
     handles, labels = axes.get_legend_handles_labels()
-    for reason in (SPIKING, NOT_FINITE, WARMING_UP):
+    for reason in REASON_COLOURS:
         if reason in shown:
             paging = "" if reason == WARMING_UP else ", pages"
             handles.append(Patch(color=REASON_COLOURS[reason], alpha=0.35, linewidth=0))
             labels.append(f"{reason}{paging}")
-    if not shown:
+    for reason in checked:
+        handles.append(Patch(color=CHECK_COLOURS[reason], linewidth=0))
+        labels.append(f"{reason} (check, {'pages' if CHECKS[reason][0] == PAGE else 'notifies'})")
+    if not shown and not checked:
         handles.append(Line2D([], [], linestyle="none"))
         labels.append("no alert in this range")
     axes.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from lossspike.backtest import Backtest
+from lossspike.backtest import Backtest, Episode
 from lossspike.rule import SPIKING, Thresholds
 from lossspike.times import format_rfc3339
 
@@ -25,6 +25,18 @@ def _number(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, 6)
 
 
+def _episode(e: Episode) -> dict[str, Any]:
+    return {
+        "reason": e.reason,
+        "reasons": list(e.reasons),
+        "severity": e.severity,
+        "first_tick": format_rfc3339(e.first_tick),
+        "last_tick": format_rfc3339(e.last_tick),
+        "ticks": e.ticks,
+        "max_margin": _number(e.max_margin),
+    }
+
+
 def report_json(results: Sequence[Backtest], names: Sequence[str]) -> dict[str, Any]:
     """The backtest as one JSON document: ticks, then per variant its runs, episodes and summary."""
     ticks = results[0].ticks
@@ -32,18 +44,16 @@ def report_json(results: Sequence[Backtest], names: Sequence[str]) -> dict[str, 
     for name, result in zip(names, results, strict=True):
         runs = []
         for summary in result.run_summaries():
-            episodes = [
+            episodes = [_episode(e) for e in summary.pop("episodes")]
+            notices = [_episode(e) for e in summary.pop("notice_episodes")]
+            runs.append(
                 {
-                    "reason": e.reason,
-                    "reasons": list(e.reasons),
-                    "first_tick": format_rfc3339(e.first_tick),
-                    "last_tick": format_rfc3339(e.last_tick),
-                    "ticks": e.ticks,
-                    "max_margin": _number(e.max_margin),
+                    **summary,
+                    "run_days": _number(summary["run_days"]),
+                    "episodes": episodes,
+                    "notice_episodes": notices,
                 }
-                for e in summary.pop("episodes")
-            ]
-            runs.append({**summary, "run_days": _number(summary["run_days"]), "episodes": episodes})
+            )
         total = result.summary()
         total["run_days"] = _number(total["run_days"])
         total["pages_per_run_day"] = _number(total["pages_per_run_day"])
@@ -107,6 +117,27 @@ def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
     header = (["rule"] if compare else []) + ["cluster", "run", "reason", "first tick", "last tick", "ticks", "margin"]
     lines += _table(header, body) if body else ["  none: no run would have paged"]
 
+    # Notify checks (throughput, evaluation loss, MoE): reported, never a page.
+    body = []
+    for name, result in zip(names, results, strict=True):
+        for e in result.notices():
+            body.append(
+                ([name] if compare else [])
+                + [
+                    e.cluster,
+                    e.run,
+                    "+".join(e.reasons),
+                    format_rfc3339(e.first_tick),
+                    format_rfc3339(e.last_tick),
+                    str(e.ticks),
+                ]
+            )
+    if body:
+        lines += ["", "notices (notify checks: reported, never paged)"]
+        lines += _table(
+            (["rule"] if compare else []) + ["cluster", "run", "reason", "first tick", "last tick", "ticks"], body
+        )
+
     lines += ["", "pages per run"]
     per_run = [{(s["cluster"], s["run"]): s for s in r.run_summaries()} for r in results]
     keys = sorted(set().union(*per_run))
@@ -142,6 +173,9 @@ def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
         ]
     lines += _table(header, [*body, line]) if body else ["  no run was watched in this range"]
     lines.append("")
-    lines.append("A page is an episode: consecutive paging ticks of a run, whatever reasons (a+b) they pass through.")
+    lines.append(
+        "A page is an episode: consecutive paging ticks of a run, whatever reasons (a+b) they pass through:"
+        " loss reasons and page checks."
+    )
     lines.append("margin = the largest recent floor - band while spiking; run-days = ticks watched x interval.")
     return "\n".join(lines) + "\n"

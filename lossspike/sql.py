@@ -562,18 +562,22 @@ def check_minutes(
     table: str,
     selection: Selection,
     params: dict[str, object],
-    windows: TickWindows,
+    *,
+    dense: bool,
+    evals: bool,
+    bucket: str,
 ) -> str:
     """The SELECT reducing raw rows to the check metrics' minutes: one row per run, attempt,
-    minute back from @now and metric name, each row going to its own metric's aggregates.
+    minute (`bucket`, an integer key of `timestamp`) and metric name, each row going to its
+    own metric's aggregates.
 
-    The dense metrics' rows of the `checks` minutes and the evaluation loss's of the `eval`
-    minutes, with the view's roles: a name that is the loss's is no check metric, and the
-    evaluation loss's name is no dense one.
+    With `dense`, the dense metrics' rows in [@checks_start, @now); with `evals`, the
+    evaluation loss's in [@eval_start, @now) (the caller binds the bounds). The view's
+    roles hold: a name that is the loss's is no check metric, and the evaluation loss's
+    name is no dense one.
     """
     d = dialect
     p = d.param.format
-    now = windows.now
     params["metric"], params["eval_metric"] = selection.metric, selection.eval_metric
     names = metric_names(selection)
     finite = d.finite.format("value")
@@ -581,7 +585,7 @@ def check_minutes(
         "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
         "run_id",
         "execution_uid",
-        f"{d.minutes_back.format('timestamp', p('now'))} AS bucket_minute",
+        f"{bucket} AS bucket_minute",
         "name",
         "value",
         "timestamp",
@@ -591,18 +595,16 @@ def check_minutes(
     # One read per window, each filtering on its own time and names: an engine prunes the
     # dense metrics' read to its minutes and filters the day's rows by name as it scans them.
     reads = []
-    if windows.checks:
+    if dense:
         for key in DENSE_CHECK_METRICS:
             params[f"{key}_metric"] = names[key]
         listed = ", ".join(p(f"{key}_metric") for key in DENSE_CHECK_METRICS)
-        params["checks_start"] = now - timedelta(minutes=windows.checks)
         where = (
             f"timestamp >= {p('checks_start')}\n    AND timestamp < {p('now')}\n"
             f"    AND name IN ({listed}) AND name <> {p('metric')} AND name <> {p('eval_metric')}"
         )
         reads.append(_raw_rows(d, table, selection, params, columns, where))
-    if windows.eval:
-        params["eval_start"] = now - timedelta(minutes=windows.eval)
+    if evals:
         where = (
             f"timestamp >= {p('eval_start')}\n    AND timestamp < {p('now')}\n"
             f"    AND name = {p('eval_metric')} AND name <> {p('metric')}"
@@ -621,6 +623,26 @@ FROM (
   {rows}
 ) AS samples
 GROUP BY run_cluster, run_id, execution_uid, bucket_minute, name"""
+
+
+def _spread_checks(dialect: Dialect, also: str = "") -> dict[str, str]:
+    """The dense check metrics' bucket columns from `check_minutes`' rows of one minute (one
+    row per metric name): each column takes its own metric's row (and only where `also`)."""
+    d = dialect
+    p = d.param.format
+    chosen = {}
+    for key in DENSE_CHECK_METRICS:
+
+        def of(column: str, key: str = key) -> str:
+            return d.if_.format(f"{also}name = {p(f'{key}_metric')}", column)
+
+        chosen[f"{key}_finite"] = f"SUM({of('finite')})"
+        chosen[f"{key}_sum"] = f"SUM({of('sum')})"
+        chosen[f"{key}_last"] = d.newest.format(of("last"), of("last_at"))
+        chosen[f"{key}_last_at"] = f"MAX({of('last_at')})"
+        chosen[f"{key}_last_finite"] = d.newest.format(of("last_finite"), of("last_finite_at"))
+        chosen[f"{key}_last_finite_at"] = f"MAX({of('last_finite_at')})"
+    return chosen
 
 
 def _attempt_filter(dialect: Dialect, selection: Selection, params: dict[str, object]) -> str:
@@ -665,6 +687,54 @@ def bucket_groups_query(
   MAX(job_at) AS job_at
 FROM {source}
 GROUP BY run_cluster, run_id, execution_uid, minute, loss_base"""
+    return Query(sql, params)
+
+
+def check_buckets_query(
+    dialect: Dialect,
+    selection: Selection,
+    start: datetime,
+    end: datetime,
+    dense_start: datetime | None = None,
+    *,
+    telemetry_table: str,
+) -> Query:
+    """The watched runs' check-metric buckets in [start, end), per attempt and clock minute:
+    the backtest's replay of the checks. Only the check metrics' rows are reduced, so a run
+    that logs its loss alone adds no row; `dense_start` cuts all but the evaluation loss's
+    rows shorter, as the tick's read does."""
+    d = dialect
+    p = d.param.format
+    params: dict[str, object] = {"now": end, "checks_start": dense_start or start, "eval_start": start}
+    reduced = check_minutes(
+        d, telemetry_table, selection, params, dense=True, evals=True, bucket=d.minute_index.format("timestamp")
+    )
+    is_eval = f"name = {p('eval_metric')}"
+    evaluation = {
+        "eval_last_finite": d.newest.format(
+            d.if_.format(is_eval, "last_finite"), d.if_.format(is_eval, "last_finite_at")
+        ),
+        "eval_last_finite_at": f"MAX({d.if_.format(is_eval, 'last_finite_at')})",
+    }
+    # A dense metric named like the evaluation loss is the evaluation loss (the view's roles).
+    dense = _spread_checks(d, also=f"name <> {p('eval_metric')} AND ")
+    listed = ",\n  ".join(
+        f"{expression} AS {name}"
+        for name, expression in {
+            "run_cluster": "run_cluster",
+            "run_id": "run_id",
+            "execution_uid": "execution_uid",
+            "minute": d.index_minute.format("bucket_minute"),
+            **dense,
+            **evaluation,
+        }.items()
+    )
+    sql = f"""SELECT
+  {listed}
+FROM (
+{reduced}
+) AS check_minutes
+GROUP BY run_cluster, run_id, execution_uid, bucket_minute"""
     return Query(sql, params)
 
 
@@ -862,7 +932,21 @@ def _raw_read(
         buckets = loss_buckets(d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now")
     reductions = [f"buckets AS (\n{buckets}\n)"]
     if windows.checks or windows.eval:
-        reductions.append(f"check_minutes AS (\n{check_minutes(d, telemetry_table, selection, params, windows)}\n)")
+        if windows.checks:
+            params["checks_start"] = now - timedelta(minutes=windows.checks)
+        if windows.eval:
+            params["eval_start"] = now - timedelta(minutes=windows.eval)
+        minutes_back = d.minutes_back.format("timestamp", p("now"))
+        reduced = check_minutes(
+            d,
+            telemetry_table,
+            selection,
+            params,
+            dense=bool(windows.checks),
+            evals=bool(windows.eval),
+            bucket=minutes_back,
+        )
+        reductions.append(f"check_minutes AS (\n{reduced}\n)")
     attempt = _attempt_filter(d, selection, params)
 
     def judged(column: str) -> str:
@@ -889,18 +973,7 @@ def _raw_read(
     ]
     minute = d.minutes_earlier.format("bucket_minute", p("now"))
     if windows.checks:
-
-        def of(key: str, column: str) -> str:
-            return d.if_.format(f"name = {p(f'{key}_metric')}", column)
-
-        chosen = {**keys, "minute": minute}
-        for key in DENSE_CHECK_METRICS:
-            chosen[f"{key}_finite"] = f"SUM({of(key, 'finite')})"
-            chosen[f"{key}_sum"] = f"SUM({of(key, 'sum')})"
-            chosen[f"{key}_last"] = d.newest.format(of(key, "last"), of(key, "last_at"))
-            chosen[f"{key}_last_at"] = f"MAX({of(key, 'last_at')})"
-            chosen[f"{key}_last_finite"] = d.newest.format(of(key, "last_finite"), of(key, "last_finite_at"))
-            chosen[f"{key}_last_finite_at"] = f"MAX({of(key, 'last_finite_at')})"
+        chosen = {**keys, "minute": minute, **_spread_checks(d)}
         parts.append(
             f"SELECT\n    {_part(d, CHECKS_PART, chosen)}\n  FROM check_minutes\n"
             f"  WHERE name <> {p('eval_metric')}\n  GROUP BY run_cluster, run_id, execution_uid, bucket_minute"

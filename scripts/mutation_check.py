@@ -50,6 +50,7 @@ DETECTOR_PROPERTIES = [
     f"{DETECTORS}::test_each_detector_alone_and_every_attempt_match_the_oracle",
 ]
 CHECK_PROPERTIES = [f"{CHECKS}::test_checks_match_the_oracle"]
+BACKTEST_CHECKS = "tests/test_backtest.py::test_backtest_check_rows_match_evaluate_at_every_tick"
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,56 @@ MUTANTS = [
         "codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes",
         "codes = history.codes",
         ["tests/test_labels.py", "tests/test_backtest.py"],
+    ),
+    # --- the backtest's replay of the checks ---
+    Mutant(
+        "backtest checks: an override scoped to another check applies",
+        "lossspike/backtest.py",
+        "scoped[scope] = _policies(self.overrides, key, self.ticks, self.t, scope)",
+        "scoped[scope] = _policies(self.overrides, key, self.ticks, self.t)",
+        [BACKTEST_CHECKS],
+    ),
+    Mutant(
+        "backtest checks: one policy for every check despite a scoped row",
+        "lossspike/backtest.py",
+        "shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)",
+        "shared = True",
+        [BACKTEST_CHECKS],
+    ),
+    Mutant(
+        "backtest checks: read the oldest attempt of the hour",
+        "lossspike/backtest.py",
+        "        uid = uid_list[tick]\n",
+        "        uid = uid_list[0] if uid_list[0] is not _NO_ATTEMPT else uid_list[tick]\n",
+        [BACKTEST_CHECKS],
+    ),
+    Mutant(
+        "backtest checks: a stale evaluation is fresh",
+        "lossspike/backtest.py",
+        "found.at[hi - 1] >= self.tick_micros[tick] - EVAL_FRESH_MINUTES",
+        "found.at[hi - 1] >= self.tick_micros[tick] - 2 * EVAL_FRESH_MINUTES",
+        [BACKTEST_CHECKS],
+    ),
+    Mutant(
+        "backtest checks: a page check does not page",
+        "lossspike/backtest.py",
+        "checked = _firing(history, PAGE)",
+        "checked = {}",
+        ["tests/test_backtest.py::test_the_defaults_page_each_detectors_demo_run_once", "tests/test_labels.py"],
+    ),
+    Mutant(
+        "plot: the trend line one minute old",
+        "lossspike/backtest.py",
+        "trend[ticks] = baseline.trend[:, -1]",
+        "trend[ticks] = baseline.trend[:, -2]",
+        ["tests/test_plot.py::test_plot_draws_level_shifts_trend_aware_band"],
+    ),
+    Mutant(
+        "plot: a check episode ends a tick early",
+        "lossspike/plot.py",
+        "if last is not None and spans[last][3] == i - 1:",
+        "if last is not None and spans[last][3] == i - 2:",
+        ["tests/test_plot.py::test_plot_marks_check_episodes_with_their_reason"],
     ),
     Mutant(
         "a failed rollup refresh fails the tick",

@@ -13,8 +13,10 @@ import pytest
 from commandline import lossspike, one_line_error
 from conftest import NOW, seed_settings, store_with
 from googlesql import TranspiledBigQuery
+from health_runs import ALL_LIMITS, check_overrides, health_runs, samples_of
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from incidents import store_for
 from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
 from telemetry import telemetry_samples
@@ -23,6 +25,7 @@ from lossspike import minutes
 from lossspike.backtest import CellThresholds, backtest, loss_spike_codes, tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
+from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.rule import (
     REASONS,
     WARMING_UP,
@@ -229,6 +232,62 @@ def micros(moment) -> int:
     return (moment - minutes.instant(0)) // timedelta(microseconds=1)
 
 
+# Every column of a row but the loss statistics, which the loss-row tests above compare.
+ROW_KEYS = ("cluster", "run", "job", "reason", "value", "severity", "metric", "silenced", "note")
+
+
+def assert_same_rows(got: list[dict], want: list[dict], where: object) -> None:
+    """The backtest's rows at a tick are evaluate's: the same loss and check rows in the same order,
+    each check's observed value and threshold exactly (they come from the same minutes)."""
+    assert [tuple(r[k] for k in ROW_KEYS) for r in got] == [tuple(r[k] for k in ROW_KEYS) for r in want], where
+    for a, b in zip(got, want, strict=True):
+        for key in ("observed", "threshold"):
+            if b["metric"] is not None:
+                assert a[key] == b[key] or (math.isnan(a[key]) and math.isnan(b[key])), (where, a, b)
+            elif b[key] is None:
+                assert a[key] is None, (where, key, a)
+            else:
+                assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (where, key, a, b)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    data=st.data(),
+    limits=st.sampled_from([Thresholds(), ALL_LIMITS]),
+    listed=st.sampled_from([None, None, ("grad_norm_high", "steps_skipped", "eval_regressed"), ("loss_jump",)]),
+    attempts=st.sampled_from(["newest", "newest", "all"]),
+    every=st.sampled_from([1, 2, 3]),
+)
+def test_backtest_check_rows_match_evaluate_at_every_tick(data, limits, listed, attempts, every):
+    """Runs publishing the health metrics (attempt changes, stale and non-finite newest values,
+    evaluations a day apart) with override rows scoped to one check, the loss or the run: at every
+    tick the backtest gives evaluate's rows, check rows included."""
+    runs = [data.draw(health_runs("hero-a"))]
+    if data.draw(st.booleans()):
+        runs.append(data.draw(health_runs("hero-b")))
+    samples = [s for run in runs for s in samples_of(run)]
+    overrides = data.draw(check_overrides([r.run_id for r in runs], model_specific=limits is ALL_LIMITS))
+    if data.draw(st.booleans()):
+        # A limit for one check of one run, written part way through the range: the ticks before
+        # it judge the check on the settings' limit, the ticks after on the row's.
+        written = NOW - timedelta(minutes=data.draw(st.integers(0, 12)))
+        overrides.append(OverrideRow("hero-a", written, grad_norm_limit=1.0, reason="grad_norm_high", note="tight"))
+        event("override: grad_norm_high limit mid-range")
+    config = Settings(thresholds=limits, checks=listed, attempts=attempts)
+    ticks = tick_times(NOW - timedelta(minutes=16), NOW, every)
+    store = store_for(samples, overrides)
+    try:
+        [result] = backtest(store, config, ticks, detail=True)
+        for i, tick in enumerate(ticks):
+            want = evaluate(store, config, tick)
+            for row in want:
+                if row["metric"] is not None:
+                    event(f"check row: {row['reason']}")
+            assert_same_rows(result.rows_at(i), want, tick)
+    finally:
+        store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+
+
 def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
     samples = telemetry_samples(demo_db)
     ticks = tick_times(NOW - timedelta(minutes=60), NOW)
@@ -282,6 +341,9 @@ def test_episodes_on_the_demo(demo_db):
         "level_shift": 0,
         "slow_divergence": 0,
         "instability": 0,
+        "loss_jump": 0,
+        "grad_norm_high": 0,
+        "steps_skipped": 0,
     }
     assert summary["pages_per_run_day"] == pytest.approx(3 / summary["run_days"])
 
@@ -294,7 +356,16 @@ def test_the_defaults_page_each_detectors_demo_run_once(demo_db):
     assert pages["hero-yi-34b"] == ("level_shift",) and pages["hero-arctic"] == ("level_shift",)
     assert pages["hero-falcon-7b"] == ("slow_divergence",) and pages["hero-dbrx"] == ("instability",)
     # One page, whatever reasons it passes through as the shift ages.
-    assert pages["hero-qwen-32b"][0] == "spiking" and len(result.episodes()) == 7
+    assert pages["hero-qwen-32b"][0] == "spiking"
+    # The page checks page too: the gradient norm from its first minute over 2.0, the skipped
+    # steps from the third in 15 minutes; the notify check makes a notice, never a page.
+    assert pages["hero-grok-1"] == ("grad_norm_high",) and pages["hero-jamba"] == ("steps_skipped",)
+    assert len(result.episodes()) == 9
+    [notice] = result.notices()
+    assert (notice.run, notice.reasons, notice.severity) == ("hero-nemo-12b", ("throughput_low",), "notify")
+    summary = result.summary()
+    assert summary["pages"] == 9 and summary["notices"] == 1
+    assert summary["pages_by_reason"]["grad_norm_high"] == 1 and summary["notices_by_reason"]["throughput_low"] == 1
 
 
 def test_ticks_are_whole_minutes_and_ranges_are_checked():
@@ -328,6 +399,19 @@ def test_bigquery_rendering_gives_the_same_backtest(demo_db):
     assert got.episodes() == want.episodes()
 
 
+def test_bigquery_rendering_gives_the_same_check_replay(demo_db):
+    """The check metrics' read in GoogleSQL gives the same check rows, pages and notices."""
+    ticks = tick_times(NOW - timedelta(minutes=20), NOW + timedelta(minutes=5))
+    with DuckDBStore(demo_db, read_only=True) as duck:
+        [want] = backtest(duck, Settings(), ticks, detail=True)
+    with TranspiledBigQuery(demo_db, read_only=True) as bigquery:
+        [got] = backtest(bigquery, Settings(), ticks, detail=True)
+    assert got.episodes() == want.episodes() and got.notices() == want.notices()
+    assert {e.reason for e in got.episodes()} >= {"grad_norm_high", "steps_skipped"}
+    for i in (0, 12, 25):
+        assert_same_rows(got.rows_at(i), want.rows_at(i), ticks[i])
+
+
 # --- the command line ---------------------------------------------------------
 
 
@@ -339,8 +423,8 @@ def test_backtest_cli_json_and_table(demo_db):
     report = json.loads(result.stdout)
     assert report["ticks"] == 61 and report["start"] == "2026-11-30T11:00:00Z" and report["end"] == NOW_TEXT
     [variant] = report["variants"]
-    # The seed rule's three pages, and one for each detector's demo run (the defaults).
-    assert variant["summary"]["pages"] == 7
+    # The seed rule's three pages, one for each detector's demo run and each page check's (the defaults).
+    assert variant["summary"]["pages"] == 9
     runs = {r["run"]: r for r in variant["runs"]}
     assert [e["reason"] for e in runs["hero-qwen-32b"]["episodes"]] == ["spiking"]
     assert runs["hero-qwen-32b"]["episodes"][0]["first_tick"] == NOW_TEXT

@@ -301,3 +301,26 @@ def test_backtest_labels_with_two_rules_scores_each(bench):
     table = lossspike(*args)
     assert table.returncode == 0, table.stderr
     assert "labels, rule A" in table.stdout and "labels, rule B" in table.stdout
+
+
+def test_a_page_check_pages_an_incident_and_a_notify_check_never(demo_db, tmp_path):
+    """The demo's gradient-norm run is caught by grad_norm_high (a page check) and its skipped-steps
+    run by steps_skipped; its throughput run only notifies, so a quiet label there is not paged."""
+    labels = tmp_path / "labels.csv"
+    labels.write_text(
+        HEADER
+        + "hero-grok-1,grad_norm,2026-11-30T11:56:00Z,true,5,,,,\n"
+        + "hero-jamba,skipped,2026-11-30T11:56:00Z,true,5,,,,\n"
+        + "hero-nemo-12b,throughput,2026-11-30T11:40:00Z,false,5,,2026-11-30T12:00:00Z,,\n"
+    )
+    args = ["backtest", "--database", str(demo_db), "--start", "2026-11-30T11:30:00Z", "--end", "2026-11-30T12:05:00Z"]
+    result = lossspike(*args, "--labels", str(labels), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    grok, jamba, nemo = json.loads(result.stdout)["labels_report"]["labels"]
+    # The norm is 3.5 from 11:56 on: the 11:57 tick is the first to read a minute of it.
+    assert grok["paged"] and grok["minutes_to_page"] == 1
+    assert jamba["paged"] and jamba["minutes_to_page"] == 4
+    assert not nemo["paged"] and nemo["wrong_pages"] == 0
+    # Without the checks, the loss alone pages neither.
+    quiet = json.loads(lossspike(*args, "--labels", str(labels), "--format", "json", "--checks", "none").stdout)
+    assert [e["paged"] for e in quiet["labels_report"]["labels"]] == [False, False, False]

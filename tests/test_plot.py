@@ -6,16 +6,22 @@ import math
 from dataclasses import replace
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from commandline import lossspike, one_line_error
 from conftest import NOW, seed_settings, write_database
 from oracle import Sample, expected
 from telemetry import telemetry_samples
 
+from lossspike import minutes
 from lossspike.backtest import backtest, tick_times
+from lossspike.detectors import shift_baseline
 from lossspike.duckdb_store import DuckDBStore
-from lossspike.plot import run_figure
+from lossspike.evaluate import evaluate, tick_windows
+from lossspike.minutes import Partial
+from lossspike.plot import check_episodes, run_figure
 from lossspike.rule import Thresholds
+from lossspike.settings import Settings
 from lossspike.sql import Selection
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -145,3 +151,78 @@ def test_plot_without_matplotlib_says_how_to_install(demo_db, tmp_path):
     )
     one_line_error(result, "matplotlib", "lossspike[plot]")
     assert not (tmp_path / "x.png").exists()
+
+
+def _legend(figure) -> list[str]:
+    [axes] = figure.axes
+    return [text.get_text() for text in axes.get_legend().get_texts()]
+
+
+def test_plot_marks_check_episodes_with_their_reason(demo_db):
+    """The demo's gradient-norm run: its grad_norm_high episode is a strip from the first tick that
+    reads a norm over 2.0, named in the legend as a paging check; the throughput run's notifies."""
+    from matplotlib import pyplot
+
+    ticks = tick_times(NOW - timedelta(minutes=30), NOW + timedelta(minutes=5))
+    with DuckDBStore(demo_db, read_only=True) as store:
+        figure = run_figure(store, Settings(), "hero-grok-1", ticks)
+        notify = run_figure(store, Settings(), "hero-nemo-12b", ticks)
+        quiet = run_figure(store, Settings(checks=()), "hero-grok-1", ticks)
+        [result] = backtest(store, Settings(selection=Selection(run_ids=("hero-grok-1",))), ticks, detail=True)
+        [history] = result.runs
+        for i, tick in enumerate(ticks):
+            rows = [r for r in evaluate(store, Settings(), tick) if r["run"] == "hero-grok-1"]
+            assert [r["reason"] for r in rows[1:]] == history.check_reasons(i), tick
+    try:
+        assert "grad_norm_high (check, pages)" in _legend(figure)
+        assert "throughput_low (check, notifies)" in _legend(notify)
+        assert not any("(check," in label for label in _legend(quiet))
+    finally:
+        for f in (figure, notify, quiet):
+            pyplot.close(f)
+    # The norm is 3.5 from 11:56 on: the 11:57 tick is the first to read it; it stays the newest
+    # value for 15 minutes after the run's last step at 12:00.
+    assert check_episodes(history, ticks) == [("grad_norm_high", NOW - timedelta(minutes=3), ticks[-1])]
+
+
+def test_plot_draws_level_shifts_trend_aware_band(demo_db):
+    """The young run falls fast: level_shift's trend line follows it, and its limit (trend plus the
+    rise a floor must clear) holds, tick by tick, the detector's own values."""
+    from matplotlib import pyplot
+
+    run = "hero-yi-34b"
+    ticks = tick_times(NOW - timedelta(minutes=20), NOW + timedelta(minutes=2))
+    settings = Settings()
+    with DuckDBStore(demo_db, read_only=True) as store:
+        figure = run_figure(store, settings, run, ticks)
+        seed_only = run_figure(store, seed_settings(), run, ticks)
+        try:
+            [axes] = figure.axes
+            lines = {
+                line.get_label().split(" ")[1]: line for line in axes.get_lines() if "level_shift" in line.get_label()
+            }
+            assert set(lines) == {"trend", "limit"}
+            assert not [line for line in seed_only.axes[0].get_lines() if "level_shift" in line.get_label()]
+        finally:
+            pyplot.close(figure)
+            pyplot.close(seed_only)
+        trend, limit = lines["trend"].get_ydata(), lines["limit"].get_ydata()
+        t = settings.thresholds
+        fired = 0
+        for i, tick in enumerate(ticks):
+            # The detector on the tick's own read (not the backtest's grid): its trend at the newest minute.
+            windows = tick_windows(settings, tick)
+            read = store.read_tick(settings, windows)
+            runs = minutes.tick_runs(read.buckets, tick, windows.hour, windows.history, settings.attempts, 0)
+            k = runs.keys.index(("us-central2", run))
+            grid = Partial(*(field[k : k + 1] for field in runs.grid))
+            want = shift_baseline(grid, np.array([t.recent_minutes]))
+            assert math.isclose(trend[i], want.trend[0, -1], rel_tol=1e-12), (tick, trend[i], want.trend[0, -1])
+            rise = max(t.shift_min_rise, t.shift_sigma * float(want.noise[0]))
+            assert math.isclose(limit[i] - trend[i], rise, rel_tol=1e-9), tick
+            [row] = [r for r in evaluate(store, settings, tick) if r["run"] == run]
+            if row["reason"] == "level_shift":
+                # The loss row's threshold is the rise the limit line adds to the trend.
+                fired += 1
+                assert math.isclose(limit[i] - trend[i], row["threshold"], rel_tol=1e-9), tick
+    assert fired >= 3
