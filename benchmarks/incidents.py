@@ -60,7 +60,10 @@ rolling_interval_length=128, sigma_factor=6.0) and `throughput_tokens_per_second
 each eval pause logs one `eval_paloma_macro_loss`.
 
 Attempts. Every run's rows carry an `execution_uid`; a restart from a
-checkpoint starts a new one.
+checkpoint starts a new one. Skip-step's rolling loss history is part of the
+optimizer state (levanter's `SkipStepState` holds the losses, the grad norms
+and the count), so a restart resumes it from the checkpoint: the rewound loss
+is judged against the losses before the checkpoint, not the crashed attempt's.
 
 Incidents (kind, should it page, deadline, and why)
 ---------------------------------------------------
@@ -463,6 +466,12 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
     excess = np.nan_to_num(np.maximum(offset, 0.0), nan=10.0)
     grad = rng.uniform(0.15, 0.4) * np.exp(0.15 * rng.standard_normal(count)) * (1 + 3 * excess)
     skipped = _skip_flags(loss).astype(np.float64)
+    if incident is not None and incident.kind == "restart":
+        # Skip-step's rolling losses are optimizer state (SkipStepState, saved with the
+        # checkpoint): the new attempt judges its steps against the checkpoint's history,
+        # not against the crashed attempt's last, lower, losses.
+        history = loss[max(0, resume - SKIP_WINDOW) : resume]
+        skipped[crash:] = _skip_flags(np.concatenate((history, loss[crash:])))[len(history) :]
     throughput = BATCH_TOKENS / plan.step_seconds * (1 + 0.01 * rng.standard_normal(count))
 
     keep = times <= end
