@@ -220,8 +220,8 @@ MUTANTS = [
     Mutant(
         "the tick read counts every attempt's losses (an explicit attempt list)",
         "lossspike/sql.py",
-        "    attempt = _attempt_filter(d, selection, params)\n\n    def typed_null",
-        '    attempt = "TRUE"\n\n    def typed_null',
+        "    attempt = _attempt_filter(d, selection, params)\n\n    def judged",
+        '    attempt = "TRUE"\n\n    def judged',
         ["tests/test_rollup.py", ROLLUP_CLOUD],
     ),
     Mutant(
@@ -522,8 +522,8 @@ MUTANTS = [
     Mutant(
         "beyond seed: level_shift observes the recent minutes' highest rise, not the lowest",
         "lossspike/detectors.py",
-        "observed = _quiet(np.nanmin, np.where(recent & data, rises, np.nan), axis=-1)",
-        "observed = _quiet(np.nanmax, np.where(recent & data, rises, np.nan), axis=-1)",
+        "observed = _quiet(np.nanmin, np.where(recent & data, floors - baseline.trend, np.nan), axis=-1)",
+        "observed = _quiet(np.nanmax, np.where(recent & data, floors - baseline.trend, np.nan), axis=-1)",
         [f"{DETECTORS}::test_oracle_catches_a_wrong_threshold", *DETECTOR_PROPERTIES],
     ),
     Mutant(
