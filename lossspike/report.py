@@ -85,6 +85,22 @@ def _cell(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _episode_table(
+    results: Sequence[Backtest], names: Sequence[str], compare: bool, notices: bool
+) -> tuple[list[str], list[list[str]]]:
+    """The pages' table (with each one's largest margin), or the notices' (which have none)."""
+    header = (["rule"] if compare else []) + ["cluster", "run", "reason", "first tick", "last tick", "ticks"]
+    body = []
+    for name, result in zip(names, results, strict=True):
+        for e in result.notices() if notices else result.episodes():
+            row = [e.cluster, e.run, "+".join(e.reasons), format_rfc3339(e.first_tick), format_rfc3339(e.last_tick)]
+            row.append(str(e.ticks))
+            if not notices:
+                row.append(_cell(e.max_margin))
+            body.append(([name] if compare else []) + row)
+    return header + ([] if notices else ["margin"]), body
+
+
 def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
     """The backtest for people: the rules, every episode, then pages per run and in total."""
     ticks = results[0].ticks
@@ -99,44 +115,14 @@ def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
         )
 
     lines += ["", "episodes (each one page)"]
-    body = []
-    for name, result in zip(names, results, strict=True):
-        for e in result.episodes():
-            body.append(
-                ([name] if compare else [])
-                + [
-                    e.cluster,
-                    e.run,
-                    "+".join(e.reasons),
-                    format_rfc3339(e.first_tick),
-                    format_rfc3339(e.last_tick),
-                    str(e.ticks),
-                    _cell(e.max_margin),
-                ]
-            )
-    header = (["rule"] if compare else []) + ["cluster", "run", "reason", "first tick", "last tick", "ticks", "margin"]
+    header, body = _episode_table(results, names, compare, notices=False)
     lines += _table(header, body) if body else ["  none: no run would have paged"]
 
     # Notify checks (throughput, evaluation loss, MoE): reported, never a page.
-    body = []
-    for name, result in zip(names, results, strict=True):
-        for e in result.notices():
-            body.append(
-                ([name] if compare else [])
-                + [
-                    e.cluster,
-                    e.run,
-                    "+".join(e.reasons),
-                    format_rfc3339(e.first_tick),
-                    format_rfc3339(e.last_tick),
-                    str(e.ticks),
-                ]
-            )
+    header, body = _episode_table(results, names, compare, notices=True)
     if body:
         lines += ["", "notices (notify checks: reported, never paged)"]
-        lines += _table(
-            (["rule"] if compare else []) + ["cluster", "run", "reason", "first tick", "last tick", "ticks"], body
-        )
+        lines += _table(header, body)
 
     lines += ["", "pages per run"]
     per_run = [{(s["cluster"], s["run"]): s for s in r.run_summaries()} for r in results]
