@@ -16,13 +16,12 @@ evaluate's rows with it.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from oracle import Sample, like
+from oracle import Sample, escaped_like, like
 
 from lossspike.rule import Thresholds
 from lossspike.sql import Selection
@@ -96,16 +95,6 @@ class Config:
 # --- overrides: SPEC's per-column resolution with the `reason` scope --------------------
 
 
-def _escaped_like(pattern: str, text: str) -> bool:
-    regex, chars = "", iter(pattern)
-    for ch in chars:
-        if ch == "\\":
-            regex += re.escape(next(chars, "\\"))
-        else:
-            regex += ".*" if ch == "%" else "." if ch == "_" else re.escape(ch)
-    return re.fullmatch(regex, text, flags=re.DOTALL) is not None
-
-
 THRESHOLD_OVERRIDES = (
     "sigma",
     "min_rise",
@@ -140,7 +129,7 @@ def policy(overrides: list, cluster: str, run: str, now: datetime, t: Thresholds
             row.created_at <= now
             and row.reason in (None, scope)
             and row_cluster in (None, cluster)
-            and _escaped_like(row.run_pattern, run)
+            and escaped_like(row.run_pattern, run)
         )
 
     ranked = sorted((r for r in overrides if counts(r)), key=lambda r: (r.cluster is not None, r.created_at))[::-1]

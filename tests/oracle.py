@@ -71,7 +71,7 @@ def like(pattern: str, text: str | None) -> bool:
     return re.fullmatch(regex, text, flags=re.DOTALL) is not None
 
 
-def _escaped_like(pattern: str, text: str) -> bool:
+def escaped_like(pattern: str, text: str) -> bool:
     """SQL LIKE where a backslash makes the next character literal (the override table's patterns)."""
     regex, chars = "", iter(pattern)
     for ch in chars:
@@ -94,7 +94,7 @@ def in_force(overrides: list, cluster: str, run: str, now: datetime, t: Threshol
 
     def matching(row: Any) -> bool:
         row_cluster = None if row.cluster is None else (row.cluster or "unknown")
-        return row.created_at <= now and row_cluster in (None, cluster) and _escaped_like(row.run_pattern, run)
+        return row.created_at <= now and row_cluster in (None, cluster) and escaped_like(row.run_pattern, run)
 
     ranked = sorted(
         (r for r in overrides if matching(r)), key=lambda r: (r.cluster is not None, r.created_at), reverse=True
