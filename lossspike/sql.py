@@ -15,6 +15,7 @@ which makes both engines return the same rows.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -904,6 +905,46 @@ def _merged(column: str, value: str) -> str:
     return f"{fn}({value})"
 
 
+def _history_blocks(
+    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], judged: Callable[[str], str]
+) -> str:
+    """The history part from raw telemetry: the loss's rows before the hour reduced straight
+    to ten-minute blocks (a finite count and sum each), never to minutes: slow divergence
+    reads nothing finer, and these are most of the rows a tick reads."""
+    d = dialect
+    p = d.param.format
+    back = d.minutes_back.format("timestamp", p("now"))
+    finite = d.finite.format("value")
+    rows = _raw_rows(
+        d,
+        table,
+        selection,
+        params,
+        [
+            "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
+            "run_id",
+            "execution_uid",
+            f"{back} AS bucket_minute",
+            f"{d.if_.format(finite, 'value')} AS loss_value",
+        ],
+        f"timestamp >= {p('history_start')}\n    AND timestamp < {p('hour_start')}\n    AND name = {p('metric')}",
+    )
+    # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
+    block = d.ceil_div.format(f"(bucket_minute - {p('hour_minutes')})", HISTORY_BLOCK_MINUTES)
+    chosen = {
+        "run_cluster": "run_cluster",
+        "run_id": "run_id",
+        "execution_uid": "execution_uid",
+        "minute": d.minutes_earlier.format("MAX(bucket_minute)", p("now")),
+        "loss_finite": f"COUNT({judged('loss_value')})",
+        "loss_sum": f"SUM({judged('loss_value')})",
+    }
+    return (
+        f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM (\n  {rows}\n  ) AS history"
+        f"\n  GROUP BY run_cluster, run_id, execution_uid, {block}"
+    )
+
+
 def _raw_read(
     dialect: Dialect, selection: Selection, windows: TickWindows, telemetry_table: str, params: dict[str, object]
 ) -> Query:
@@ -916,20 +957,7 @@ def _raw_read(
     now = windows.now
     history = windows.history > windows.hour
     params["hour_start"] = now - timedelta(minutes=windows.hour)
-    if history:
-        params["history_start"] = now - timedelta(minutes=windows.history)
-        buckets = loss_buckets(
-            d,
-            telemetry_table,
-            selection,
-            params,
-            "history_start",
-            "now",
-            aligned_to="now",
-            every_metric_from="hour_start",
-        )
-    else:
-        buckets = loss_buckets(d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now")
+    buckets = loss_buckets(d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now")
     reductions = [f"buckets AS (\n{buckets}\n)"]
     if windows.checks or windows.eval:
         if windows.checks:
@@ -953,10 +981,6 @@ def _raw_read(
         return column if attempt == "TRUE" else d.if_.format(attempt, column)
 
     keys = {"run_cluster": "run_cluster", "run_id": "run_id", "execution_uid": "execution_uid"}
-    in_hour = ""
-    if history:
-        params["hour_minutes"] = windows.hour
-        in_hour = f"\n  WHERE bucket_minute <= {p('hour_minutes')}"
     hour = {
         **keys,
         "minute": "MIN(minute)",
@@ -968,7 +992,7 @@ def _raw_read(
         "job_at": "MAX(job_at)",
     }
     parts = [
-        f"SELECT\n    {_part(d, HOUR_PART, hour)}\n  FROM buckets{in_hour}"
+        f"SELECT\n    {_part(d, HOUR_PART, hour)}\n  FROM buckets"
         "\n  GROUP BY run_cluster, run_id, execution_uid, bucket_minute, loss_base"
     ]
     minute = d.minutes_earlier.format("bucket_minute", p("now"))
@@ -989,19 +1013,9 @@ def _raw_read(
             f"  ) AS eval_ranked\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT}"
         )
     if history:
-        # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
-        block = d.ceil_div.format(f"(bucket_minute - {p('hour_minutes')})", HISTORY_BLOCK_MINUTES)
-        chosen = {
-            **keys,
-            "minute": "MIN(minute)",
-            "loss_finite": f"SUM({judged('loss_finite')})",
-            # The block's sum of losses: a mean needs no precision a variance would.
-            "loss_sum": f"SUM({judged('loss_base * loss_finite + loss_sum')})",
-        }
-        parts.append(
-            f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM buckets\n"
-            f"  WHERE bucket_minute > {p('hour_minutes')}\n  GROUP BY run_cluster, run_id, execution_uid, {block}"
-        )
+        params["history_start"] = now - timedelta(minutes=windows.history)
+        params["hour_minutes"] = windows.hour
+        parts.append(_history_blocks(d, telemetry_table, selection, params, judged))
     return Query(f"WITH {', '.join(reductions)}\n" + "\nUNION ALL\n".join(parts), params)
 
 
