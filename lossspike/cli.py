@@ -788,9 +788,16 @@ _COMMANDS = {
 }
 
 
+def _backtest_error() -> type[Exception]:
+    """The backtest's error class, imported only while an error is being matched: the
+    backtest module is heavy, and a tick's `evaluate` never needs it."""
+    from lossspike.backtest import BacktestError
+
+    return BacktestError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
-    from lossspike.backtest import BacktestError
     from lossspike.store import StoreError
 
     try:
@@ -802,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         sys.stderr.write(f"lossspike: configuration error: {error}\n")
         return 2
-    except (StoreError, BacktestError) as error:
+    except (StoreError, _backtest_error()) as error:
         sys.stderr.write(f"lossspike: error: {error}\n")
         return 1
     except BrokenPipeError:

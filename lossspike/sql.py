@@ -446,15 +446,18 @@ def loss_buckets(
     end: str,
     *,
     aligned_to: str = "",
-    every_metric_from: str = "",
+    whole_window_others: bool = False,
 ) -> str:
     """The SELECT reducing raw rows in [@start, @end) to the buckets' keys and loss columns.
 
     A raw read's minute bucket: per run, attempt, minute, loss base and job, every metric's
     samples (enrollment, the newest attempt, the job) and the loss's statistics, with no
     roles (each part reads its own rows). The loss's rows and the other metrics' are
-    reduced apart, so that each row goes only to the aggregates it feeds; with
-    `every_metric_from`, the other metrics' rows start there. Buckets are clock minutes,
+    reduced apart, so that each row goes only to the aggregates it feeds. With
+    `whole_window_others`, the other metrics' rows reduce to one bucket per run, attempt
+    and job, at their newest minute: a tick reads no more of them than that (enrollment,
+    the newest attempt, the job), while the backtest enrolls tick by tick and keeps their
+    minutes. Buckets are clock minutes,
     or with `aligned_to` minutes counted back from that instant; `bucket_minute` is the
     integer key (clock minutes since the epoch, or minutes back: 1 is the minute just
     before). The instants are names of parameters bound in `params`; the filters' are added.
@@ -462,7 +465,6 @@ def loss_buckets(
     d = dialect
     p = d.param.format
     params["metric"] = selection.metric
-    others_start = every_metric_from or start
     if aligned_to:
         index = d.minutes_back.format("timestamp", p(aligned_to))
         minute = d.minutes_earlier.format("bucket_minute", p(aligned_to))
@@ -496,8 +498,7 @@ def loss_buckets(
         selection,
         params,
         keys,
-        f"timestamp >= {p(others_start)}\n    AND timestamp < {p(end)}"
-        f"\n    AND (name IS NULL OR name <> {p('metric')})",
+        f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}\n    AND (name IS NULL OR name <> {p('metric')})",
     )
     offset = "loss_value - bucket_base"
     shared = {
@@ -531,8 +532,19 @@ def loss_buckets(
         kind = MINUTE_TYPES[column]
         return f"CAST(NULL AS {d.types.get(kind, kind)})"
 
+    other_keys = "run_cluster, run_id, execution_uid, bucket_minute, job_id"
+    others_shared = shared
+    if whole_window_others:
+        # Minutes counted back grow into the past; clock minutes into the future.
+        newest_index = f"{'MIN' if aligned_to else 'MAX'}(bucket_minute)"
+        others_shared = {
+            **shared,
+            "bucket_minute": newest_index,
+            "minute": (d.minutes_earlier if aligned_to else d.index_minute).format(newest_index, p(aligned_to)),
+        }
+        other_keys = "run_cluster, run_id, execution_uid, job_id"
     other_columns = {
-        **shared,
+        **others_shared,
         "loss_base": typed_null("loss_base"),
         "samples": "COUNT(*)",
         "sample_at": "MAX(timestamp)",
@@ -555,7 +567,7 @@ SELECT
 FROM (
   {others}
 ) AS others
-GROUP BY run_cluster, run_id, execution_uid, bucket_minute, job_id"""
+GROUP BY {other_keys}"""
 
 
 def check_minutes(
@@ -957,7 +969,9 @@ def _raw_read(
     now = windows.now
     history = windows.history > windows.hour
     params["hour_start"] = now - timedelta(minutes=windows.hour)
-    buckets = loss_buckets(d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now")
+    buckets = loss_buckets(
+        d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now", whole_window_others=True
+    )
     reductions = [f"buckets AS (\n{buckets}\n)"]
     if windows.checks or windows.eval:
         if windows.checks:
