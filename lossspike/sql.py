@@ -922,10 +922,14 @@ def _history_blocks(
 ) -> str:
     """The history part from raw telemetry: the loss's rows before the hour reduced straight
     to ten-minute blocks (a finite count and sum each), never to minutes: slow divergence
-    reads nothing finer, and these are most of the rows a tick reads."""
+    reads nothing finer, and these are most of the rows a tick reads. Grouped by the raw
+    cluster (one run may then have a row per spelling of an unknown cluster, which the
+    reader sums) and by a block number: no per-row string or minute to compute."""
     d = dialect
     p = d.param.format
     back = d.minutes_back.format("timestamp", p("now"))
+    # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
+    block = d.ceil_div.format(f"({back} - {p('hour_minutes')})", HISTORY_BLOCK_MINUTES)
     finite = d.finite.format("value")
     rows = _raw_rows(
         d,
@@ -933,27 +937,26 @@ def _history_blocks(
         selection,
         params,
         [
-            "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
+            "cluster",
             "run_id",
             "execution_uid",
-            f"{back} AS bucket_minute",
+            f"{block} AS block",
             f"{d.if_.format(finite, 'value')} AS loss_value",
         ],
         f"timestamp >= {p('history_start')}\n    AND timestamp < {p('hour_start')}\n    AND name = {p('metric')}",
     )
-    # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
-    block = d.ceil_div.format(f"(bucket_minute - {p('hour_minutes')})", HISTORY_BLOCK_MINUTES)
     chosen = {
-        "run_cluster": "run_cluster",
+        "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
-        "minute": d.minutes_earlier.format("MAX(bucket_minute)", p("now")),
+        # The block's oldest minute: any of its minutes names the block.
+        "minute": d.minutes_earlier.format(f"({p('hour_minutes')} + {HISTORY_BLOCK_MINUTES} * block)", p("now")),
         "loss_finite": f"COUNT({judged('loss_value')})",
         "loss_sum": f"SUM({judged('loss_value')})",
     }
     return (
         f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM (\n  {rows}\n  ) AS history"
-        f"\n  GROUP BY run_cluster, run_id, execution_uid, {block}"
+        "\n  GROUP BY cluster, run_id, execution_uid, block"
     )
 
 
