@@ -471,14 +471,9 @@ def loss_buckets(
     else:
         index, minute = d.minute_index.format("timestamp"), d.index_minute.format("bucket_minute")
     finite = d.finite.format("value")
-    keys = [
-        "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
-        "run_id",
-        "execution_uid",
-        f"{index} AS bucket_minute",
-        "timestamp",
-        "job_id",
-    ]
+    # The raw cluster is the key, named after the reduction: a string computed per group, not
+    # per row. Each reader regroups by the named cluster, merging the spellings of `unknown`.
+    keys = ["cluster", "run_id", "execution_uid", f"{index} AS bucket_minute", "timestamp", "job_id"]
     losses = _raw_rows(
         d,
         table,
@@ -497,12 +492,13 @@ def loss_buckets(
         table,
         selection,
         params,
-        keys,
+        # A whole window's bucket takes its minute from its newest row: none per row.
+        [k for k in keys if not k.endswith(" AS bucket_minute")] if whole_window_others else keys,
         f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}\n    AND (name IS NULL OR name <> {p('metric')})",
     )
     offset = "loss_value - bucket_base"
     shared = {
-        "run_cluster": "run_cluster",
+        "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
         "bucket_minute": "bucket_minute",
@@ -532,17 +528,17 @@ def loss_buckets(
         kind = MINUTE_TYPES[column]
         return f"CAST(NULL AS {d.types.get(kind, kind)})"
 
-    other_keys = "run_cluster, run_id, execution_uid, bucket_minute, job_id"
+    other_keys = "cluster, run_id, execution_uid, bucket_minute, job_id"
     others_shared = shared
     if whole_window_others:
-        # Minutes counted back grow into the past; clock minutes into the future.
-        newest_index = f"{'MIN' if aligned_to else 'MAX'}(bucket_minute)"
-        others_shared = {
-            **shared,
-            "bucket_minute": newest_index,
-            "minute": (d.minutes_earlier if aligned_to else d.index_minute).format(newest_index, p(aligned_to)),
-        }
-        other_keys = "run_cluster, run_id, execution_uid, job_id"
+        if aligned_to:
+            newest_index = d.minutes_back.format("MAX(timestamp)", p(aligned_to))
+            newest_minute = d.minutes_earlier.format(newest_index, p(aligned_to))
+        else:
+            newest_index = d.minute_index.format("MAX(timestamp)")
+            newest_minute = d.index_minute.format(newest_index)
+        others_shared = {**shared, "bucket_minute": newest_index, "minute": newest_minute}
+        other_keys = "cluster, run_id, execution_uid, job_id"
     other_columns = {
         **others_shared,
         "loss_base": typed_null("loss_base"),
@@ -560,7 +556,7 @@ def loss_buckets(
 FROM (
   {losses}
 ) AS losses
-GROUP BY run_cluster, run_id, execution_uid, bucket_minute, bucket_base, job_id
+GROUP BY cluster, run_id, execution_uid, bucket_minute, bucket_base, job_id
 UNION ALL
 SELECT
   {listed(other_columns)}
