@@ -663,6 +663,23 @@ MUTANTS = [
         "    if newest >= before:\n        return Fired(EVAL_REGRESSED",
         [f"{CHECKS}::test_an_evaluation_no_worse_than_the_one_before_says_nothing", *CHECK_PROPERTIES],
     ),
+    # --- the raw tick read's history blocks and whole-hour other metrics ---
+    Mutant(
+        "raw read: a history block names the minutes ten later than its own",
+        "lossspike/sql.py",
+        "{HISTORY_BLOCK_MINUTES} * block)",
+        "{HISTORY_BLOCK_MINUTES} * (block + 1))",
+        [f"{DETECTORS}::test_slow_divergence_reads_the_oldest_block_of_its_horizon", *DETECTOR_PROPERTIES],
+    ),
+    Mutant(
+        "raw read: a history block of an empty cluster is not the run's",
+        "lossspike/sql.py",
+        '        "run_cluster": "COALESCE(NULLIF(cluster, \'\'), \'unknown\')",\n        "run_id": "run_id",\n'
+        '        "execution_uid": "execution_uid",\n        # The block',
+        '        "run_cluster": "COALESCE(cluster, \'unknown\')",\n        "run_id": "run_id",\n'
+        '        "execution_uid": "execution_uid",\n        # The block',
+        [f"{DETECTORS}::test_slow_divergence_reads_the_oldest_block_of_its_horizon", *DETECTOR_PROPERTIES],
+    ),
     # --- DuckDB and BigQuery parity with the defaults (tests/test_parity_cloud.py) ---
     Mutant(
         "parity: BigQuery's newest value of a minute is its oldest",

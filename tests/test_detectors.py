@@ -30,6 +30,7 @@ from lossspike.settings import Settings
 from lossspike.sql import Selection
 
 MINUTE = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 # Hypothesis examples per property: each stays well under a minute on two shared cores.
 EXAMPLES = 80
 PROPERTY = settings(
@@ -261,6 +262,28 @@ def test_a_slow_divergence_pages_before_the_seed_rule():
     row = loss_row(rows)
     assert row["reason"] == "slow_divergence" and row["observed"] > row["threshold"]
     assert_matches(rows, expect(samples, NOW, Config()))
+
+
+@pytest.mark.parametrize("cluster", ["c1", "", None])
+def test_slow_divergence_reads_the_oldest_block_of_its_horizon(cluster):
+    """A loss rising for longer than the horizon: its lowest ten-minute block is the oldest, the
+    one a block numbered a block off would drop, and a run with an empty or NULL cluster is the
+    `unknown` cluster's before the hour as in it (the raw read names clusters after grouping)."""
+    rate = 0.4 / 60  # nats a minute
+    samples = [
+        Sample(NOW - k * 10 * SECOND, 2.0 + rate * (200 - k / 6) + 0.002 * (k % 7), "hero-a", cluster=cluster)
+        for k in range(1, 1201)
+    ]
+    alone = dict(detectors=("slow_divergence",))
+    rows = rows_for(samples, Settings(**alone))
+    row = loss_row(rows)
+    assert row["cluster"] == (cluster or "unknown")
+    # The limit stands on the oldest block (minutes 171-180 back, centred 175.5 minutes back),
+    # the lowest; the block after it is 10 minutes of rise (0.067 nats) higher.
+    oldest = 2.0 + rate * (200 - 175.5)
+    limit = oldest + Thresholds().divergence_min_rise
+    assert row["reason"] == "slow_divergence" and row["threshold"] == pytest.approx(limit, abs=0.02)
+    assert_matches(rows, expect(samples, NOW, Config(**alone)))
 
 
 def test_detector_thresholds_come_from_the_runs_override_row():
