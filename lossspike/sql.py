@@ -918,7 +918,8 @@ def _history_blocks(
 ) -> str:
     """The history part from raw telemetry: the loss's rows before the hour reduced straight
     to ten-minute blocks (a finite count and sum each), never to minutes: slow divergence
-    reads nothing finer, and these are most of the rows a tick reads. Grouped by the raw
+    reads nothing finer, and these are most of the rows a tick reads. Plain sums: a mean
+    needs no precision a variance would. Grouped by the raw
     cluster (one run may then have a row per spelling of an unknown cluster, which the
     reader sums) and by a block number: no per-row string or minute to compute."""
     d = dialect
@@ -959,10 +960,11 @@ def _history_blocks(
 def _raw_read(
     dialect: Dialect, selection: Selection, windows: TickWindows, telemetry_table: str, params: dict[str, object]
 ) -> Query:
-    """The four parts from raw telemetry, in two reductions that each read only their rows:
-    `buckets`, every metric's rows of the hour and the loss's of the history; `check_minutes`,
-    the check metrics' rows of their windows, one row per metric and minute (the check
-    columns are spread over the bucket's per metric after the reduction, on few rows)."""
+    """The four parts from raw telemetry, each reduction reading only its rows: `buckets`,
+    every metric's rows of the hour; `check_minutes`, the check metrics' rows of their
+    windows, one row per metric and minute (the check columns are spread over the bucket's
+    per metric after the reduction, on few rows); the history part, the loss's rows before
+    the hour straight to ten-minute blocks."""
     d = dialect
     p = d.param.format
     now = windows.now

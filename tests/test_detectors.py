@@ -267,8 +267,8 @@ def test_a_slow_divergence_pages_before_the_seed_rule():
 @pytest.mark.parametrize("cluster", ["c1", "", None])
 def test_slow_divergence_reads_the_oldest_block_of_its_horizon(cluster):
     """A loss rising for longer than the horizon: its lowest ten-minute block is the oldest, the
-    one a block numbered a block off would drop, and a run with an empty or NULL cluster is the
-    `unknown` cluster's before the hour as in it (the raw read names clusters after grouping)."""
+    one a block numbered a block off would drop; a run whose cluster is empty or NULL keeps its
+    blocks under `unknown`, as its hour does (the raw read names the cluster after grouping)."""
     rate = 0.4 / 60  # nats a minute
     samples = [
         Sample(NOW - k * 10 * SECOND, 2.0 + rate * (200 - k / 6) + 0.002 * (k % 7), "hero-a", cluster=cluster)
