@@ -212,9 +212,7 @@ def samples_cte(
     """
     d = dialect
     p = d.param.format
-    params["service"] = selection.service
     params["metric"] = selection.metric
-    runs = watched_runs(d, selection, params)
     is_loss = f"name = {p('metric')}"
     if selection.execution_uids:
         params["execution_uids"] = list(selection.execution_uids)
@@ -229,18 +227,20 @@ def samples_cte(
         f"{d.finite.format('value')} AS finite",
         *extra_columns,
     ]
-    listed = ",\n    ".join(columns)
-    return f"""WITH samples AS (
-  SELECT
-    {listed}
-  FROM {quote_table(d, table)}
-  WHERE timestamp >= {p(start)}
-    AND timestamp < {p(end)}
-    AND service = {p("service")}
-    AND value IS NOT NULL
-    AND run_id <> ''
-    AND {runs}
-)"""
+    rows = _raw_rows(d, table, selection, params, columns, f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}")
+    return f"WITH samples AS (\n  {rows}\n)"
+
+
+def _raw_rows(
+    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], columns: list[str], where: str
+) -> str:
+    """The watched runs' Levanter rows that `where` keeps, with `columns` computed once each."""
+    p = dialect.param.format
+    params["service"] = selection.service
+    runs = watched_runs(dialect, selection, params)
+    kept = [where, f"service = {p('service')}", "value IS NOT NULL", "run_id <> ''", runs]
+    conditions = "\n    AND ".join(kept)
+    return f"SELECT\n    {', '.join(columns)}\n  FROM {quote_table(dialect, table)}\n  WHERE {conditions}"
 
 
 # A sample names its job when job_id is neither NULL nor empty.
@@ -423,18 +423,6 @@ WHERE {bounds}service = {service}
   AND run_id <> ''
   AND {runs}
 GROUP BY {", ".join(_BUCKET_KEYS)}"""
-
-
-def _raw_rows(
-    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], columns: list[str], where: str
-) -> str:
-    """The watched runs' Levanter rows that `where` keeps, with `columns` computed once each."""
-    p = dialect.param.format
-    params["service"] = selection.service
-    runs = watched_runs(dialect, selection, params)
-    kept = [where, f"service = {p('service')}", "value IS NOT NULL", "run_id <> ''", runs]
-    conditions = "\n    AND ".join(kept)
-    return f"SELECT\n    {', '.join(columns)}\n  FROM {quote_table(dialect, table)}\n  WHERE {conditions}"
 
 
 def loss_buckets(
