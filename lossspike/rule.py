@@ -123,55 +123,127 @@ class Thresholds:
             raise ValueError("; ".join(problems))
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values one threshold accepts: a number between bounds (a bound of None: unbounded).
+
+    The one definition of what a threshold may hold: the settings parse by it, `Thresholds`
+    checks by it, and an override row whose value it refuses is unusable.
+    """
+
+    integer: bool = False
+    low: float | None = None
+    # An open bound is refused itself: a floor of 0 on a quantity that is never negative never fires.
+    low_open: bool = False
+    high: float | None = None
+    high_open: bool = False
+    # None (unset) is accepted: the check stays off.
+    optional: bool = False
+    # Why the bound is there, said when a value is refused.
+    why: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        """True when `value` is a number of the right kind inside the bounds (or None when optional)."""
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """The accepted values in words, as the error messages say them."""
+        kind = "an integer" if self.integer else "a finite number"
+        low = None if self.low is None else f"{'>' if self.low_open else '>='} {_bound(self.low)}"
+        high = None if self.high is None else f"{'<' if self.high_open else '<='} {_bound(self.high)}"
+        if self.integer and low == ">= 1" and high is None:
+            text = "a positive integer"
+        elif low and high and not self.low_open and not self.high_open:
+            text = f"{kind} from {_bound(self.low)} to {_bound(self.high)}"
+        else:
+            text = " and ".join([kind + (f" {low}" if low else ""), *([high] if high else [])])
+        return text + (" or unset" if self.optional else "")
+
+    def problem(self, name: str, value: Any) -> str | None:
+        """The message refusing `value` for the threshold `name`, or None when it is accepted."""
+        if self.accepts(value):
+            return None
+        why = f" ({self.why})" if self.why else ""
+        return f"{name} must be {self.describe()}{why}, got {value!r}"
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+_COUNT = Range(integer=True, low=1)
+_NON_NEGATIVE = Range(low=0)
+# A horizon the tick reads in one query; detectors.horizons bounds it against the windows too.
+_HORIZON = Range(integer=True, low=1, high=MAX_HORIZON_MINUTES)
+# What each threshold accepts (every numeric field of Thresholds has an entry). A value
+# that parses but cannot work is refused here: a count that fires "at N or more" needs
+# N >= 1, a floor on a quantity that is never negative must be above 0.
+THRESHOLD_RANGES: dict[str, Range] = {
+    "baseline_minutes": _COUNT,
+    "recent_minutes": _COUNT,
+    "sigma": _NON_NEGATIVE,
+    "min_rise": _NON_NEGATIVE,
+    "min_baseline_samples": _COUNT,
+    "min_recent_samples": _COUNT,
+    "stall_minutes": Range(integer=True, low=0),
+    "shift_min_rise": _NON_NEGATIVE,
+    "shift_sigma": _NON_NEGATIVE,
+    "divergence_min_rise": Range(
+        low=0, low_open=True, why="0 pages every run whose loss is not at its horizon's best level"
+    ),
+    "divergence_minutes": _HORIZON,
+    "instability_sigma": _NON_NEGATIVE,
+    "instability_min_rise": _NON_NEGATIVE,
+    "instability_count": _COUNT,
+    "max_recent_minutes": _HORIZON,
+    "loss_jump_limit": _NON_NEGATIVE,
+    "grad_norm_limit": Range(low=0, low_open=True, why="a gradient norm is above 0 at every step"),
+    "skipped_steps_limit": Range(
+        low=1, why="steps_skipped fires at this many skipped steps or more, so below 1 it fires on every run"
+    ),
+    "throughput_floor": Range(
+        low=0, low_open=True, optional=True, why="tokens per second are never below 0: the check could never fire"
+    ),
+    "mfu_floor": Range(low=0, low_open=True, high=100, optional=True, why="MFU is a percentage, 0 to 100"),
+    "token_drop_limit": Range(
+        low=0, high=1, high_open=True, optional=True, why="the drop fraction is 0 to 1: at 1 or more it never fires"
+    ),
+    "router_entropy_limit": Range(
+        low=0, low_open=True, optional=True, why="routing entropy is never below 0: the check could never fire"
+    ),
+    "router_bias_limit": Range(low=0, optional=True, why="it is compared with the largest absolute bias"),
+}
+# Pairs whose limit is max(min_rise, sigma x spread): with both at 0 every minute above the level clears it.
+_PAIRED_BANDS = (("shift_min_rise", "shift_sigma"), ("instability_min_rise", "instability_sigma"))
+
+
 def threshold_problems(t: Any) -> list[str]:
     """Return one message per invalid threshold of `t` (any object with Thresholds' fields)."""
     problems = []
-    for name in ("baseline_minutes", "recent_minutes", "min_baseline_samples", "min_recent_samples"):
-        value = getattr(t, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"{name} must be a positive integer, got {value!r}")
-    for name in ("sigma", "min_rise"):
-        value = getattr(t, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            problems.append(f"{name} must be a finite number >= 0, got {value!r}")
-    if not problems and t.recent_minutes >= t.baseline_minutes:
+    for name, accepted in THRESHOLD_RANGES.items():
+        problem = accepted.problem(name, getattr(t, name))
+        if problem:
+            problems.append(problem)
+    valid = {name for name, accepted in THRESHOLD_RANGES.items() if accepted.accepts(getattr(t, name))}
+    if {"baseline_minutes", "recent_minutes"} <= valid and t.recent_minutes >= t.baseline_minutes:
         problems.append(
             f"recent_minutes ({t.recent_minutes}) must be less than baseline_minutes ({t.baseline_minutes})"
         )
     stall = t.stall_minutes
-    if isinstance(stall, bool) or not isinstance(stall, int) or stall < 0:
-        problems.append(f"stall_minutes must be an integer >= 0, got {stall!r}")
-    elif isinstance(t.baseline_minutes, int) and stall >= t.baseline_minutes:
+    if {"baseline_minutes", "stall_minutes"} <= valid and stall >= t.baseline_minutes:
         # A run silent for the whole baseline is no longer enrolled, so it could never read stalled.
         problems.append(f"stall_minutes ({stall}) must be less than baseline_minutes ({t.baseline_minutes})")
-    for name in (
-        "shift_min_rise",
-        "shift_sigma",
-        "divergence_min_rise",
-        "instability_sigma",
-        "instability_min_rise",
-        "loss_jump_limit",
-        "grad_norm_limit",
-        "skipped_steps_limit",
-    ):
-        value = getattr(t, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            problems.append(f"{name} must be a finite number >= 0, got {value!r}")
-    for name in OPTIONAL_LIMITS:
-        value = getattr(t, name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-        ):
-            problems.append(f"{name} must be a finite number or unset, got {value!r}")
-    count = t.instability_count
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        problems.append(f"instability_count must be a positive integer, got {count!r}")
-    # Both are bounded against the windows where they are used (detectors.horizons), so a
-    # short test baseline never makes the defaults invalid.
-    for name in ("divergence_minutes", "max_recent_minutes"):
-        value = getattr(t, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HORIZON_MINUTES:
-            problems.append(f"{name} must be an integer from 1 to {MAX_HORIZON_MINUTES}, got {value!r}")
+    for rise, sigma in _PAIRED_BANDS:
+        if {rise, sigma} <= valid and getattr(t, rise) == 0 and getattr(t, sigma) == 0:
+            problems.append(f"{rise} and {sigma} must not both be 0 (every minute above the level would clear it)")
     if t.reference not in REFERENCES:
         problems.append(f"reference must be one of {', '.join(REFERENCES)}, got {t.reference!r}")
     return problems

@@ -16,7 +16,7 @@ from typing import Any
 
 from lossspike.checks import CHECK_REASONS
 from lossspike.overrides import dangling_escape
-from lossspike.rule import ATTEMPTS, DETECTORS, REFERENCES, Thresholds, threshold_problems
+from lossspike.rule import ATTEMPTS, DETECTORS, REFERENCES, THRESHOLD_RANGES, Thresholds, threshold_problems
 from lossspike.sql import CHECK_METRICS, Selection, literal, validate_table
 
 ENV_PREFIX = "LOSSSPIKE_"
@@ -127,6 +127,27 @@ def _non_negative_float(value: str) -> float:
     return number
 
 
+def _threshold(key: str) -> Callable[[str], Any]:
+    """The parser of one threshold, by its range in rule.THRESHOLD_RANGES (the one definition)."""
+    accepted = THRESHOLD_RANGES[key]
+
+    def parse(value: str) -> Any:
+        text = value.strip()
+        if not text and accepted.optional:
+            return None
+        # The range's own words, and why the bound is there when it says so.
+        refused = f"must be {accepted.describe()}" + (f" ({accepted.why})" if accepted.why else "")
+        try:
+            number = int(text) if accepted.integer else float(text)
+        except (ValueError, OverflowError):
+            raise ValueError(refused) from None
+        if not accepted.accepts(number):
+            raise ValueError(refused)
+        return number
+
+    return parse
+
+
 def _table(value: str) -> str:
     return validate_table(value.strip())
 
@@ -223,31 +244,71 @@ OPTIONS = (
     Option("execution_uids", _list, "Comma-separated attempts narrowing both windows."),
     Option("baseline_minutes", _window_minutes, "Baseline window length."),
     Option("recent_minutes", _window_minutes, "Recent window length."),
-    Option("sigma", _non_negative_float, "Standard deviations above the reference."),
-    Option("min_rise", _non_negative_float, "Smallest rise over the reference that counts."),
-    Option("min_baseline_samples", _positive_int, "Finite baseline samples before judging."),
-    Option("min_recent_samples", _positive_int, "Recent samples before judging."),
+    Option("sigma", _threshold("sigma"), "Standard deviations above the reference."),
+    Option("min_rise", _threshold("min_rise"), "Smallest rise over the reference that counts."),
+    Option("min_baseline_samples", _threshold("min_baseline_samples"), "Finite baseline samples before judging."),
+    Option("min_recent_samples", _threshold("min_recent_samples"), "Recent samples before judging."),
     Option("reference", _choice(REFERENCES), "Baseline reference: mean or floor."),
-    Option("stall_minutes", _non_negative_int, "Minutes without a loss sample before a run is stalled; 0 is off."),
+    Option(
+        "stall_minutes", _threshold("stall_minutes"), "Minutes without a loss sample before a run is stalled; 0 is off."
+    ),
     Option("detectors", _names(DETECTORS), "Detectors beyond the seed rule: all, none or a comma list."),
     Option("attempts", _choice(ATTEMPTS), "Loss windows read the newest attempt of a run, or all attempts."),
-    Option("shift_min_rise", _non_negative_float, "level_shift: smallest rise over the local level that counts."),
-    Option("shift_sigma", _non_negative_float, "level_shift: robust minute-to-minute spreads above the local level."),
-    Option("divergence_min_rise", _non_negative_float, "slow_divergence: rise over the horizon's best level."),
-    Option("divergence_minutes", _window_minutes, "slow_divergence: the horizon, in minutes (at most 1440)."),
-    Option("instability_sigma", _non_negative_float, "instability: within-minute spreads an excursion clears."),
-    Option("instability_min_rise", _non_negative_float, "instability: smallest excursion that counts."),
-    Option("instability_count", _positive_int, "instability: separate excursions in the window that page."),
-    Option("max_recent_minutes", _window_minutes, "How far the recent window widens for a slow-stepping run."),
+    Option(
+        "shift_min_rise", _threshold("shift_min_rise"), "level_shift: smallest rise over the local level that counts."
+    ),
+    Option(
+        "shift_sigma", _threshold("shift_sigma"), "level_shift: robust minute-to-minute spreads above the local level."
+    ),
+    Option(
+        "divergence_min_rise", _threshold("divergence_min_rise"), "slow_divergence: rise over the horizon's best level."
+    ),
+    Option(
+        "divergence_minutes",
+        _threshold("divergence_minutes"),
+        "slow_divergence: the horizon, in minutes (at most 1440).",
+    ),
+    Option(
+        "instability_sigma", _threshold("instability_sigma"), "instability: within-minute spreads an excursion clears."
+    ),
+    Option("instability_min_rise", _threshold("instability_min_rise"), "instability: smallest excursion that counts."),
+    Option(
+        "instability_count",
+        _threshold("instability_count"),
+        "instability: separate excursions in the window that page.",
+    ),
+    Option(
+        "max_recent_minutes",
+        _threshold("max_recent_minutes"),
+        "How far the recent window widens for a slow-stepping run.",
+    ),
     Option("checks", _names(CHECK_REASONS), "Run-health checks: all, none or a comma list (default: README)."),
-    Option("loss_jump_limit", _non_negative_float, "loss_jump: recent floor minus baseline floor that fires."),
-    Option("grad_norm_limit", _non_negative_float, "grad_norm_high: newest gradient norm above this fires."),
-    Option("skipped_steps_limit", _non_negative_float, "steps_skipped: skipped steps in 15 minutes that fire."),
-    Option("throughput_floor", _optional_float, "throughput_low: tokens per second below this (unset: off)."),
-    Option("mfu_floor", _optional_float, "mfu_low: MFU in percent below this (unset: off)."),
-    Option("token_drop_limit", _optional_float, "token_drops: MoE drop fraction above this (unset: off)."),
-    Option("router_entropy_limit", _optional_float, "router_entropy: routing entropy below this (unset: off)."),
-    Option("router_bias_limit", _optional_float, "router_bias: largest absolute router bias above this (unset: off)."),
+    Option(
+        "loss_jump_limit", _threshold("loss_jump_limit"), "loss_jump: recent floor minus baseline floor that fires."
+    ),
+    Option("grad_norm_limit", _threshold("grad_norm_limit"), "grad_norm_high: newest gradient norm above this fires."),
+    Option(
+        "skipped_steps_limit",
+        _threshold("skipped_steps_limit"),
+        "steps_skipped: skipped steps in 15 minutes that fire.",
+    ),
+    Option(
+        "throughput_floor", _threshold("throughput_floor"), "throughput_low: tokens per second below this (unset: off)."
+    ),
+    Option("mfu_floor", _threshold("mfu_floor"), "mfu_low: MFU in percent below this (unset: off)."),
+    Option(
+        "token_drop_limit", _threshold("token_drop_limit"), "token_drops: MoE drop fraction above this (unset: off)."
+    ),
+    Option(
+        "router_entropy_limit",
+        _threshold("router_entropy_limit"),
+        "router_entropy: routing entropy below this (unset: off).",
+    ),
+    Option(
+        "router_bias_limit",
+        _threshold("router_bias_limit"),
+        "router_bias: largest absolute router bias above this (unset: off).",
+    ),
     *(Option(f"{key}_metric", _text, f"Metric name of the {key.replace('_', ' ')} check.") for key in CHECK_METRICS),
 )
 OPTIONS_BY_KEY = {o.key: o for o in OPTIONS}

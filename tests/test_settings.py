@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 from conftest import REPO
 
-from lossspike.rule import DETECTORS, Thresholds
+from lossspike.rule import DETECTORS, THRESHOLD_RANGES, Thresholds
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 from lossspike.sql import CHECK_METRICS, Selection
 
-# The detector and check thresholds, each set to 7 (a value every one of them accepts) in one test.
-CHANGED_THRESHOLDS = tuple(Thresholds.__dataclass_fields__)[8:]  # after the seed rule's eight
+# The detector and check thresholds, each set in one test to 7, or 0.5 where a fraction must stay below 1.
+CHANGED_THRESHOLDS = {
+    name: 0.5 if THRESHOLD_RANGES[name].high == 1 else 7 for name in tuple(Thresholds.__dataclass_fields__)[8:]
+}  # after the seed rule's eight
 
 
 def test_defaults_are_the_spec():
@@ -52,7 +55,7 @@ def test_every_variable_is_read():
         "LOSSSPIKE_DETECTORS": "instability",
         "LOSSSPIKE_ATTEMPTS": "all",
         "LOSSSPIKE_CHECKS": "grad_norm_high,mfu_low",
-        **{f"LOSSSPIKE_{name.upper()}": "7" for name in CHANGED_THRESHOLDS},
+        **{f"LOSSSPIKE_{name.upper()}": str(value) for name, value in CHANGED_THRESHOLDS.items()},
         **{f"LOSSSPIKE_{key.upper()}_METRIC": f"my_{key}" for key in CHECK_METRICS},
     }
     assert set(env) == {o.env for o in OPTIONS}
@@ -66,7 +69,7 @@ def test_every_variable_is_read():
         False,
     )
     assert s.rollup_table == "my-proj.ds.minutes"
-    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20, **dict.fromkeys(CHANGED_THRESHOLDS, 7))
+    assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20, **CHANGED_THRESHOLDS)
     metrics = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
     assert s.selection == Selection(
         "lev", "loss", run_pattern="big-%", run_ids=("a", "b"), execution_uids=("e1",), **metrics
@@ -160,3 +163,76 @@ def test_rfc3339_letters_are_case_insensitive():
     from lossspike.times import parse_rfc3339
 
     assert parse_rfc3339("2026-11-30t12:00:00z") == parse_rfc3339("2026-11-30T12:00:00Z")
+
+
+# Thresholds that parse but cannot work (issue 25): refused at start, naming the variable and the range.
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        # steps_skipped fires at "at least N" skipped steps: N = 0 pages every run that publishes the metric.
+        ("LOSSSPIKE_SKIPPED_STEPS_LIMIT", "0", "a finite number >= 1"),
+        ("LOSSSPIKE_SKIPPED_STEPS_LIMIT", "0.5", "a finite number >= 1"),
+        ("LOSSSPIKE_THROUGHPUT_FLOOR", "-5", "a finite number > 0 or unset"),
+        ("LOSSSPIKE_THROUGHPUT_FLOOR", "0", "a finite number > 0 or unset"),
+        ("LOSSSPIKE_MFU_FLOOR", "-1", "a finite number > 0 and <= 100 or unset"),
+        ("LOSSSPIKE_MFU_FLOOR", "150", "a finite number > 0 and <= 100 or unset"),
+        ("LOSSSPIKE_TOKEN_DROP_LIMIT", "-0.1", "a finite number >= 0 and < 1 or unset"),
+        ("LOSSSPIKE_TOKEN_DROP_LIMIT", "1", "a finite number >= 0 and < 1 or unset"),
+        ("LOSSSPIKE_ROUTER_BIAS_LIMIT", "-3", "a finite number >= 0 or unset"),
+        ("LOSSSPIKE_ROUTER_ENTROPY_LIMIT", "0", "a finite number > 0 or unset"),
+        ("LOSSSPIKE_ROUTER_ENTROPY_LIMIT", "-1", "a finite number > 0 or unset"),
+        ("LOSSSPIKE_GRAD_NORM_LIMIT", "0", "a finite number > 0"),
+        ("LOSSSPIKE_DIVERGENCE_MIN_RISE", "0", "a finite number > 0"),
+        ("LOSSSPIKE_INSTABILITY_COUNT", "0", "a positive integer"),
+        ("LOSSSPIKE_DIVERGENCE_MINUTES", "1441", "an integer from 1 to 1440"),
+        ("LOSSSPIKE_LOSS_JUMP_LIMIT", "-1", "a finite number >= 0"),
+        ("LOSSSPIKE_SKIPPED_STEPS_LIMIT", "1e999", "a finite number >= 1"),
+        ("LOSSSPIKE_INSTABILITY_COUNT", "9" * 5000, "a positive integer"),
+    ],
+)
+def test_a_threshold_that_parses_but_cannot_work_is_refused_with_its_range(name, value, accepted):
+    with pytest.raises(ConfigError) as error:
+        load_settings({name: value})
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{name}=") and f"must be {accepted}" in message, message
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"LOSSSPIKE_SHIFT_MIN_RISE": "0", "LOSSSPIKE_SHIFT_SIGMA": "0"},
+            "shift_min_rise and shift_sigma must not both be 0",
+        ),
+        (
+            {"LOSSSPIKE_INSTABILITY_MIN_RISE": "0", "LOSSSPIKE_INSTABILITY_SIGMA": "0"},
+            "instability_min_rise and instability_sigma must not both be 0",
+        ),
+    ],
+)
+def test_a_band_of_zero_rise_and_zero_spread_is_refused(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env)
+    # Either one alone still leaves the other to carry the band.
+    assert load_settings(dict(list(env.items())[:1])).thresholds
+
+
+def test_the_edges_of_every_range_are_accepted():
+    accepted = {
+        "LOSSSPIKE_SKIPPED_STEPS_LIMIT": 1.0,
+        "LOSSSPIKE_MFU_FLOOR": 100.0,
+        "LOSSSPIKE_TOKEN_DROP_LIMIT": 0.0,
+        "LOSSSPIKE_ROUTER_BIAS_LIMIT": 0.0,
+        "LOSSSPIKE_THROUGHPUT_FLOOR": 1e-9,
+        "LOSSSPIKE_DIVERGENCE_MINUTES": 1440,
+    }
+    thresholds = load_settings({k: str(v) for k, v in accepted.items()}).thresholds
+    for name, value in accepted.items():
+        assert getattr(thresholds, name.removeprefix("LOSSSPIKE_").lower()) == value
+    assert load_settings({"LOSSSPIKE_MFU_FLOOR": ""}).thresholds.mfu_floor is None
+
+
+def test_every_numeric_threshold_has_a_range():
+    # A threshold added without a range would be checked by nothing: neither at start nor in an override row.
+    numeric = {f.name for f in dataclasses.fields(Thresholds)} - {"reference"}
+    assert numeric == set(THRESHOLD_RANGES)
