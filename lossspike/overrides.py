@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lossspike.checks import CHECK_REASONS
 from lossspike.rule import RunPolicy, Thresholds, threshold_problems
 from lossspike.sql import Dialect, quote_table, validate_table
 
@@ -67,6 +68,9 @@ THRESHOLD_COLUMNS = (
 )
 # The scope of a row naming the loss row only (`reason`); NULL is every row of the run.
 LOSS_SCOPE = "loss"
+# Every `reason` a row may name (besides NULL): the loss row or one check's row. Any other is
+# unusable: a hand-written 'LOSS' meant something, so the runs it matches must not stay silenced.
+REASON_SCOPES = (LOSS_SCOPE, *CHECK_REASONS)
 # Every column resolved per run, each on its own (SPEC.md: "per column").
 RESOLVED_COLUMNS = (*THRESHOLD_COLUMNS, "silenced_until", "finished", "note")
 # The cluster of a row written for an empty or NULL cluster, as enrollment normalises it.
@@ -399,11 +403,27 @@ def row_problem(row: OverrideRow, base: Thresholds) -> str | None:
         return "run_pattern is NULL" if row.run_pattern is None else "run_pattern is not a usable LIKE pattern"
     merged = {f.name: getattr(base, f.name) for f in dataclasses.fields(Thresholds)}
     refused = []
+    if not _known_scope(row):
+        refused.append(f"reason={row.reason!r} is not one the product knows (one of {', '.join(REASON_SCOPES)})")
     for column in THRESHOLD_COLUMNS:
         value = getattr(row, column)
-        if value is not None and threshold_problems(SimpleNamespace(**{**merged, column: value})):
-            refused.append(f"{column}={value!r} is refused by the settings")
+        if value is None:
+            continue
+        # Judged with the settings' other thresholds, by the ranges the settings parse with
+        # (rule.THRESHOLD_RANGES): a column added there is checked here with no change.
+        found = threshold_problems(SimpleNamespace(**{**merged, column: value}))
+        if found:
+            refused.append(f"{column}={value!r} is refused by the settings ({found[0]})")
     return "; ".join(refused) or None
+
+
+def _known_scope(row: OverrideRow) -> bool:
+    return row.reason is None or row.reason in REASON_SCOPES
+
+
+def _in_scope(row: OverrideRow, scope: str) -> bool:
+    # A row naming a reason the product does not know could have meant any row of the run.
+    return row.reason in (None, scope) or not _known_scope(row)
 
 
 def _policy(candidates: Sequence[OverrideRow], now: datetime, base: Thresholds, problem: Any) -> RunPolicy:
@@ -441,7 +461,7 @@ def resolve(
     the rows with created_at <= now that match the run, per column the newest usable row
     that sets it wins, a row for the run's own cluster first.
     """
-    candidates = [r for r in rows if _counts_at(r, now) and r.reason in (None, scope) and matches(r, cluster, run)]
+    candidates = [r for r in rows if _counts_at(r, now) and _in_scope(r, scope) and matches(r, cluster, run)]
     if not candidates:
         return RunPolicy(base)
     return _policy(candidates, now, base, lambda r: row_problem(r, base))
@@ -503,7 +523,7 @@ def run_policies(
     scope: str = LOSS_SCOPE,
 ) -> dict[tuple[str, str], RunPolicy]:
     """`resolve` for every (cluster, run) that some row matches; the others keep `base`."""
-    counted = [r for r in rows if _counts_at(r, now) and r.reason in (None, scope)]
+    counted = [r for r in rows if _counts_at(r, now) and _in_scope(r, scope)]
     by_pattern: dict[str, list[OverrideRow]] = {}
     unreadable: list[OverrideRow] = []
     for row in counted:

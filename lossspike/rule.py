@@ -221,8 +221,6 @@ THRESHOLD_RANGES: dict[str, Range] = {
     ),
     "router_bias_limit": Range(low=0, optional=True, why="it is compared with the largest absolute bias"),
 }
-# Pairs whose limit is max(min_rise, sigma x spread): with both at 0 every minute above the level clears it.
-_PAIRED_BANDS = (("shift_min_rise", "shift_sigma"), ("instability_min_rise", "instability_sigma"))
 
 
 def threshold_problems(t: Any) -> list[str]:
@@ -241,9 +239,6 @@ def threshold_problems(t: Any) -> list[str]:
     if {"baseline_minutes", "stall_minutes"} <= valid and stall >= t.baseline_minutes:
         # A run silent for the whole baseline is no longer enrolled, so it could never read stalled.
         problems.append(f"stall_minutes ({stall}) must be less than baseline_minutes ({t.baseline_minutes})")
-    for rise, sigma in _PAIRED_BANDS:
-        if {rise, sigma} <= valid and getattr(t, rise) == 0 and getattr(t, sigma) == 0:
-            problems.append(f"{rise} and {sigma} must not both be 0 (every minute above the level would clear it)")
     if t.reference not in REFERENCES:
         problems.append(f"reference must be one of {', '.join(REFERENCES)}, got {t.reference!r}")
     return problems

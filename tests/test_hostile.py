@@ -708,6 +708,29 @@ BROKEN_ROWS = {
         {"run_pattern": "'hero-up\\'", "created_at": LATER, "finished": "false"},
         "run_pattern ends with a backslash that escapes nothing",
     ),
+    # Thresholds that parse but cannot work (issue 25): steps_skipped at "0 or more" pages every run.
+    "skipped steps limit of 0": (
+        None,
+        {"run_pattern": "'hero-up'", "created_at": LATER, "skipped_steps_limit": "0"},
+        "skipped_steps_limit=0.0 is refused by the settings (skipped_steps_limit must be a finite number >= 1",
+    ),
+    "negative throughput floor": (
+        None,
+        {"run_pattern": "'hero-%'", "created_at": LATER, "throughput_floor": "-5"},
+        "throughput_floor=-5.0 is refused by the settings",
+    ),
+    # A reason the product does not know (the command line refuses both): the row silences nothing
+    # it was meant to, so the runs it matches page and the tick says why.
+    "reason in capitals": (
+        None,
+        {"run_pattern": "'hero-up'", "created_at": LATER, "reason": "'LOSS'", "sigma": "8"},
+        "reason='LOSS' is not one the product knows",
+    ),
+    "reason spelled with dashes": (
+        None,
+        {"run_pattern": "'hero-up'", "created_at": LATER, "reason": "'grad-norm-high'", "finished": "true"},
+        "reason='grad-norm-high' is not one the product knows (one of loss, loss_jump, grad_norm_high",
+    ),
 }
 
 

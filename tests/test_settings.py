@@ -197,26 +197,6 @@ def test_a_threshold_that_parses_but_cannot_work_is_refused_with_its_range(name,
     assert "\n" not in message and message.startswith(f"{name}=") and f"must be {accepted}" in message, message
 
 
-@pytest.mark.parametrize(
-    ("env", "message"),
-    [
-        (
-            {"LOSSSPIKE_SHIFT_MIN_RISE": "0", "LOSSSPIKE_SHIFT_SIGMA": "0"},
-            "shift_min_rise and shift_sigma must not both be 0",
-        ),
-        (
-            {"LOSSSPIKE_INSTABILITY_MIN_RISE": "0", "LOSSSPIKE_INSTABILITY_SIGMA": "0"},
-            "instability_min_rise and instability_sigma must not both be 0",
-        ),
-    ],
-)
-def test_a_band_of_zero_rise_and_zero_spread_is_refused(env, message):
-    with pytest.raises(ConfigError, match=message):
-        load_settings(env)
-    # Either one alone still leaves the other to carry the band.
-    assert load_settings(dict(list(env.items())[:1])).thresholds
-
-
 def test_the_edges_of_every_range_are_accepted():
     accepted = {
         "LOSSSPIKE_SKIPPED_STEPS_LIMIT": 1.0,
