@@ -20,6 +20,8 @@ from test_cli import NOW_TEXT, lossspike
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import (
+    LOSS_SCOPE,
+    THRESHOLD_COLUMNS,
     OverrideRow,
     escape_like,
     in_force,
@@ -29,7 +31,7 @@ from lossspike.overrides import (
     run_policies,
     unusable_rows,
 )
-from lossspike.rule import Thresholds
+from lossspike.rule import THRESHOLD_RANGES, Thresholds
 
 T = Thresholds()
 MINUTE = timedelta(minutes=1)
@@ -447,3 +449,69 @@ def test_resolution_matches_spec(rows, cluster, run):
     assert policy.thresholds.stall_minutes == (T.stall_minutes if stall is None else stall)
     assert policy.silenced == ((until is not None and until > NOW) or finished is True)
     assert policy.note == spec_value(rows, cluster, run, NOW, "note")
+
+
+# --- thresholds that parse but cannot work, and reasons the product does not know (issue 25) ---
+
+
+def _refused_value(column: str):
+    """A value of `column`'s own type that its range (rule.THRESHOLD_RANGES) refuses."""
+    accepted = THRESHOLD_RANGES[column]
+    if accepted.low is not None:
+        value = accepted.low if accepted.low_open else accepted.low - 1
+    else:
+        value = accepted.high if accepted.high_open else accepted.high + 1
+    return int(value) if accepted.integer else float(value)
+
+
+# Every threshold column with a range: a column another change adds there is checked with no other edit.
+RANGED_COLUMNS = [c for c in THRESHOLD_COLUMNS if c in THRESHOLD_RANGES]
+
+
+@pytest.mark.parametrize("column", RANGED_COLUMNS)
+def test_a_row_with_a_threshold_its_range_refuses_is_unusable_and_lifts_the_silence(column):
+    value = _refused_value(column)
+    rows = [row(age=30 * MINUTE, silenced_until=NOW + 60 * MINUTE), row(age=10 * MINUTE, **{column: value})]
+    scope = column_scope(column)
+    policy = resolve(rows, "c1", "hero-a", NOW, T, scope)
+    assert not policy.silenced and getattr(policy.thresholds, column) == getattr(T, column)
+    [(found, problem)] = unusable_rows(rows, NOW, T)
+    assert found is rows[1] and f"{column}={value!r} is refused by the settings ({column} must be" in problem
+    assert run_policies([("c1", "hero-a")], rows, NOW, T, scope)[("c1", "hero-a")] == policy
+
+
+def column_scope(column: str) -> str:
+    from lossspike.checks import CHECKS
+
+    return next((reason for reason, (_, key) in CHECKS.items() if key == column), LOSS_SCOPE)
+
+
+def test_the_range_edges_are_usable_in_a_row():
+    rows = [row(skipped_steps_limit=1.0, token_drop_limit=0.0, mfu_floor=100.0, router_bias_limit=0.0)]
+    assert unusable_rows(rows, NOW, T) == []
+    assert resolve(rows, "c1", "hero-a", NOW, T).thresholds.skipped_steps_limit == 1.0
+
+
+@pytest.mark.parametrize("reason", ["LOSS", "grad-norm-high", "Loss", "spiking", ""])
+def test_a_row_naming_an_unknown_reason_is_unusable_and_every_row_of_its_runs_pages(reason):
+    silence = row(age=30 * MINUTE, silenced_until=NOW + 60 * MINUTE)
+    check_silence = row(age=20 * MINUTE, reason="grad_norm_high", finished=True)
+    bad = row(age=10 * MINUTE, reason=reason, sigma=8.0, finished=True)
+    rows = [silence, check_silence, bad]
+    for scope in (LOSS_SCOPE, "grad_norm_high", "steps_skipped"):
+        policy = resolve(rows, "c1", "hero-a", NOW, T, scope)
+        # Nothing it says is used (no sigma 8), and it silences nothing: the row it could have meant pages.
+        assert not policy.silenced and policy.thresholds.sigma == T.sigma, scope
+        assert run_policies([("c1", "hero-a")], rows, NOW, T, scope)[("c1", "hero-a")] == policy
+    # Other runs are untouched.
+    assert resolve(rows + [row("hero-b", silenced_until=NOW + MINUTE)], "c1", "hero-b", NOW, T).silenced
+    [(found, problem)] = unusable_rows(rows, NOW, T)
+    assert found is bad and f"reason={reason!r} is not one the product knows (one of loss, " in problem
+    assert in_force([silence, check_silence], NOW) == [check_silence, silence]
+
+
+def test_every_known_reason_is_usable():
+    from lossspike.checks import CHECK_REASONS
+
+    for reason in (LOSS_SCOPE, *CHECK_REASONS):
+        assert unusable_rows([row(reason=reason, sigma=8.0)], NOW, T) == [], reason

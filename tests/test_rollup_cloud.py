@@ -431,6 +431,37 @@ def test_an_overrides_table_of_the_wrong_types_pages_and_fails_the_tick(emulator
     assert entry["severity"] == "ERROR" and "run_pattern='hero-a'" in entry["message"]
 
 
+@pytest.mark.parametrize("read", ["raw", "rollup"])
+def test_override_rows_with_an_unknown_reason_or_an_unworkable_threshold_page_and_fail_the_tick(emulator, read, capsys):
+    # Issue 25: rows written by hand in the console, read the way the tick reads on BigQuery.
+    deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
+    table = _overrides_table(deployment)
+    tick = START + timedelta(hours=2)
+    _spiking(deployment, tick)
+    written_at = (tick - timedelta(hours=1)).isoformat()
+    errors = emulator.insert_rows_json(
+        table,
+        [
+            {"run_pattern": "hero-%", "created_at": written_at, "silenced_until": "2026-11-30 15:00:00+00"},
+            {"run_pattern": "hero-a", "created_at": written_at, "reason": "LOSS", "finished": True},
+            {"run_pattern": "hero-a", "created_at": written_at, "reason": "steps_skipped", "skipped_steps_limit": 0},
+        ],
+    )
+    assert not errors
+    settings = deployment.settings if read == "rollup" else replace(deployment.settings, rollup_table="")
+    written: list = []
+    store = BigQueryStore(settings, emulator)
+    result = run_tick(store, {"rows": lambda rows, deadline: written.extend(rows) or {}}, settings, tick)
+    assert not result.ok and result.body()["ok"] is False
+    # The whole-run silence is lifted by the 'LOSS' row: hero-a pages.
+    assert [(r["run"], r["reason"], r["value"], r["silenced"]) for r in written] == [("hero-a", "spiking", 1, False)]
+    assert "2 unusable override row(s)" in result.unusable_overrides
+    assert "reason='LOSS' is not one the product knows" in result.unusable_overrides
+    assert "skipped_steps_limit=0.0 is refused by the settings" in result.unusable_overrides
+    [entry] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if "lossspike tick" in x]
+    assert entry["severity"] == "ERROR" and "reason='LOSS'" in entry["message"]
+
+
 def _stored(client, table: str) -> list[dict]:
     rows = client.query(f"SELECT * FROM `{table}` ORDER BY evaluated_at, cluster, run").result()
     return [dict(r.items()) for r in rows]
