@@ -17,8 +17,10 @@ judged by one set of rules (SPEC.md, "Beyond the seed rule"):
 - a label whose run (and cluster, when given) the backtest does not hold is
   listed under unknown runs and left out of the per-kind figures.
 
-A label file is CSV with a header row, or JSON lines (one object a line; a file
-whose first non-blank character is `{` is read as JSON lines).
+A label file is UTF-8 text (with or without the byte-order mark a spreadsheet's
+"CSV UTF-8" writes), CSV with a header row, or JSON lines (one object a line; a
+file whose first non-blank character after the mark is `{` is read as JSON
+lines). docs/labels.md is its manual: the fields, the limits below, the errors.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import io
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lossspike.render import terminal_safe
 from lossspike.times import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
@@ -52,6 +56,21 @@ _TRUE = frozenset({"true", "t", "yes", "y", "1"})
 _FALSE = frozenset({"false", "f", "no", "n", "0"})
 # The false-page rate is quoted per this many watched run-hours.
 RATE_HOURS = 1000
+# The longest text field (run, kind, cluster, size, note, a time): far past any run ID or a
+# note a person writes, short enough that every field fits a table cell and an error line.
+MAX_TEXT_CHARS = 4096
+# The longest deadline: a month, as long as the longest baseline window; past it a label is
+# no incident with a deadline to page by, and start + deadline stays inside the calendar.
+MAX_DEADLINE_MINUTES = 31 * 24 * 60
+# The most digits a JSON number may have: no deadline or size needs more, and Python refuses
+# to read an integer of more than 4,300 digits at all (sys.get_int_max_str_digits).
+MAX_NUMBER_DIGITS = 100
+# A value shown in an error is cut to this many characters: the line names it, it need not hold it.
+SHOWN_CHARS = 60
+# Unknown runs named in the labels table; the rest are counted (the JSON report lists them all).
+MAX_RUNS_NAMED = 20
+# The byte-order mark a spreadsheet's "CSV UTF-8" (and some scripts) put before the first byte.
+BOM = "\ufeff"
 
 
 class LabelsError(ValueError):
@@ -101,18 +120,42 @@ def read_labels(path: str | Path) -> list[Label]:
     """Read a labels file (CSV or JSON lines); raise LabelsError naming the line and field."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LabelsError(f"{path}: not UTF-8 text") from None
+    except UnicodeDecodeError as error:
+        line = Path(path).read_bytes()[: error.start].count(b"\n") + 1
+        raise LabelsError(f"{path} line {line}: not UTF-8 text (save the file as UTF-8)") from None
     return parse_labels(text, str(path))
 
 
 def parse_labels(text: str, source: str = "labels") -> list[Label]:
     """Parse a labels file's text; `source` names it in errors."""
-    records = _json_lines(text, source) if text.lstrip().startswith("{") else _csv_rows(text, source)
-    labels = [_label(record, line, source) for line, record in records]
+    text = text.removeprefix(BOM)
+    if text.lstrip().startswith("{"):
+        labels = [_label(record, line, source) for line, record in _json_lines(text, source)]
+    else:
+        # The file is in memory already: csv's own field limit (128 KiB, module-wide) would stop a
+        # long cell with no field named, so it is lifted for this read and every field is measured here.
+        limit = csv.field_size_limit(max(len(text), csv.field_size_limit()))
+        try:
+            labels = [_label(record, line, source) for line, record in _csv_rows(text, source)]
+        finally:
+            csv.field_size_limit(limit)
     if not labels:
         raise LabelsError(f"{source}: no labels (expected a CSV header and rows, or JSON lines)")
     return labels
+
+
+class _LongNumber:
+    """A JSON number of more digits than MAX_NUMBER_DIGITS: no field accepts it."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"a number of {len(self.digits):,} characters"
+
+
+def _number(digits: str, parse: type) -> Any:
+    return parse(digits) if len(digits) <= MAX_NUMBER_DIGITS else _LongNumber(digits)
 
 
 def _json_lines(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -121,26 +164,37 @@ def _json_lines(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, parse_int=lambda d: _number(d, int), parse_float=lambda d: _number(d, float))
         except json.JSONDecodeError as error:
             raise LabelsError(f"{source} line {number}: not JSON ({error.msg})") from None
+        except RecursionError:
+            raise LabelsError(
+                f"{source} line {number}: JSON nested too deeply (a label is one flat object of text,"
+                " numbers and true/false)"
+            ) from None
         if not isinstance(record, dict):
-            raise LabelsError(f"{source} line {number}: expected a JSON object, got {type(record).__name__}")
+            raise LabelsError(f"{source} line {number}: expected a JSON object, got {_kind(record)}")
         yield number, record
 
 
 def _csv_rows(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
-    for row in reader:
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise LabelsError(f"{source} line {reader.line_num}: not CSV ({error})") from None
         number = reader.line_num
         if not any(cell.strip() for cell in row):
             continue
         if header is None:
             header = [cell.strip() for cell in row]
-            duplicated = sorted({name for name in header if header.count(name) > 1})
+            duplicated = sorted(name for name, count in Counter(header).items() if count > 1)
             if duplicated:
-                raise LabelsError(f"{source} line {number}: column {duplicated[0]!r} appears twice in the header")
+                raise LabelsError(f"{source} line {number}: column {_shown(duplicated[0])} appears twice in the header")
             continue
         if len(row) != len(header):
             raise LabelsError(f"{source} line {number}: {len(row)} cells, the header has {len(header)}")
@@ -148,21 +202,42 @@ def _csv_rows(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, {name: cell for name, cell in zip(header, row, strict=True) if cell.strip() != ""}
 
 
+def _kind(value: Any) -> str:
+    names = {dict: "a JSON object", list: "a JSON list", str: "text", bool: "true/false", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    """`value` as an error shows it: escaped (repr) and cut short, so the error stays one readable line."""
+    if isinstance(value, (dict, list)):
+        return _kind(value)  # its repr could be huge, or too deep to build
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}... ({len(value):,} characters)"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**SHOWN_CHARS:
+        return f"a number of {len(str(value)):,} digits"
+    return repr(value)
+
+
 def _label(record: dict[str, Any], line: int, source: str) -> Label:
     where = f"{source} line {line}"
     unknown = sorted(set(record) - set(FIELDS))
     if unknown:
-        raise LabelsError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
+        raise LabelsError(f"{where}: unknown field {_shown(unknown[0])} (fields: {', '.join(FIELDS)})")
     for name in REQUIRED_FIELDS:
         if record.get(name) is None:
             raise LabelsError(f"{where}: field {name!r} is missing")
+    for name, value in record.items():
+        if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:
+            raise LabelsError(
+                f"{where}: field {name!r} is {len(value):,} characters long, at most {MAX_TEXT_CHARS:,} are accepted"
+            )
 
     def text(name: str, required: bool) -> str | None:
         value = record.get(name)
         if value is None:
             return None
         if not isinstance(value, str):
-            raise LabelsError(f"{where}: field {name!r} must be text, got {value!r}")
+            raise LabelsError(f"{where}: field {name!r} must be text, got {_shown(value)}")
         value = value.strip()
         if required and not value:
             raise LabelsError(f"{where}: field {name!r} is empty")
@@ -173,7 +248,7 @@ def _label(record: dict[str, Any], line: int, source: str) -> Label:
         if value is None:
             return None
         if not isinstance(value, str):
-            raise LabelsError(f"{where}: field {name!r} must be an RFC 3339 time, got {value!r}")
+            raise LabelsError(f"{where}: field {name!r} must be an RFC 3339 time, got {_shown(value)}")
         try:
             return parse_rfc3339(value)
         except ValueError as error:
@@ -185,7 +260,7 @@ def _label(record: dict[str, Any], line: int, source: str) -> Label:
     elif isinstance(flag, bool):
         should_page = flag
     else:
-        raise LabelsError(f"{where}: field 'should_page' must be true or false, got {flag!r}")
+        raise LabelsError(f"{where}: field 'should_page' must be true or false, got {_shown(flag)}")
 
     minutes = record["deadline_minutes"]
     if isinstance(minutes, str):
@@ -193,9 +268,16 @@ def _label(record: dict[str, Any], line: int, source: str) -> Label:
             minutes = float(minutes.strip())
         except ValueError:
             minutes = None
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) or minutes < 0:
-        shown = record["deadline_minutes"]
-        raise LabelsError(f"{where}: field 'deadline_minutes' must be a number of minutes >= 0, got {shown!r}")
+    if (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, (int, float))
+        or not math.isfinite(minutes)
+        or not 0 <= minutes <= MAX_DEADLINE_MINUTES
+    ):
+        raise LabelsError(
+            f"{where}: field 'deadline_minutes' must be a number of minutes from 0 to {MAX_DEADLINE_MINUTES}"
+            f" (31 days), got {_shown(record['deadline_minutes'])}"
+        )
 
     start = moment("start")
     assert start is not None
@@ -210,7 +292,7 @@ def _label(record: dict[str, Any], line: int, source: str) -> Label:
         or not isinstance(size, (str, int, float))
         or (isinstance(size, float) and not math.isfinite(size))
     ):
-        raise LabelsError(f"{where}: field 'size' must be a number or text, got {size!r}")
+        raise LabelsError(f"{where}: field 'size' must be a number or text, got {_shown(size)}")
     return Label(
         run=text("run", True) or "",
         kind=text("kind", True) or "",
@@ -265,11 +347,12 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
     for h in result.runs:
         clusters.setdefault(h.run, set()).add(h.cluster)
     entries = []
-    unknown: list[str] = []
+    # A dict keeps the order of first mention, and its lookups keep 100,000 unknown runs linear.
+    unknown: dict[str, None] = {}
     for label in labels:
         known = any(_matches(label, cluster, label.run) for cluster in clusters.get(label.run, ()))
-        if not known and label.run not in unknown:
-            unknown.append(label.run)
+        if not known:
+            unknown.setdefault(label.run)
         mine = [s for s in spans.get(label.run, []) if _matches(label, s.cluster, s.run)]
         firsts = [_first_tick_from(s, label.start, every) for s in mine]
         by_deadline = [t for t in firsts if t is not None and t <= label.deadline]
@@ -298,7 +381,7 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
         "false_pages": false_pages,
         "watched_run_hours": round(hours, 6),
         "false_pages_per_1000_run_hours": None if hours == 0 else round(false_pages / hours * RATE_HOURS, 6),
-        "unknown_runs": unknown,
+        "unknown_runs": list(unknown),
         "by_kind": by_kind(entries),
     }
 
@@ -388,8 +471,9 @@ def labels_table(report: dict[str, Any], title: str = "labels") -> str:
         wrongly = f"{row['paged_wrongly']}/{row['should_not_page']}" if row["should_not_page"] else "-"
         body.append(
             [
-                row["kind"],
-                row["size"] or "-",
+                # Typed by people or scripts: escaped as the evaluate table and `overrides` escape them.
+                terminal_safe(row["kind"]),
+                terminal_safe(row["size"] or "-"),
                 str(row["labels"]),
                 paged,
                 _minutes(row["median_minutes"]),
@@ -413,6 +497,13 @@ def labels_table(report: dict[str, Any], title: str = "labels") -> str:
         f"false pages: {report['false_pages']} in {report['watched_run_hours']:,.1f} watched run-hours"
         f" outside the labels ({shown} per {RATE_HOURS:,})"
     )
-    if report["unknown_runs"]:
-        lines.append(f"labels naming runs the range does not hold: {', '.join(report['unknown_runs'])}")
+    unknown = report["unknown_runs"]
+    if unknown:
+        named = ", ".join(terminal_safe(run) for run in unknown[:MAX_RUNS_NAMED])
+        more = (
+            f" and {len(unknown) - MAX_RUNS_NAMED:,} more (--format json lists them all)"
+            if len(unknown) > MAX_RUNS_NAMED
+            else ""
+        )
+        lines.append(f"labels naming runs the range does not hold ({len(unknown):,}): {named}{more}")
     return "\n".join(lines) + "\n"
