@@ -181,13 +181,14 @@ def _csv_rows(text: str, source: str) -> Iterator[tuple[int, dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
     while True:
+        # A quoted cell may span lines: a record is named by the line it starts on.
+        number = reader.line_num + 1
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as error:
-            raise LabelsError(f"{source} line {reader.line_num}: not CSV ({error})") from None
-        number = reader.line_num
+            raise LabelsError(f"{source} line {number}: not CSV ({error})") from None
         if not any(cell.strip() for cell in row):
             continue
         if header is None:

@@ -14,7 +14,8 @@ import pytest
 from commandline import lossspike, one_line_error
 
 from lossspike.backtest import Backtest, RunHistory
-from lossspike.labels import LabelsError, parse_labels, percentile, score_labels
+from lossspike.labels import LabelsError, labels_table, parse_labels, percentile, read_labels, score_labels
+from lossspike.render import terminal_safe
 from lossspike.rule import NOT_FINITE, REASONS, SPIKING, STALLED, Thresholds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -324,3 +325,137 @@ def test_a_page_check_pages_an_incident_and_a_notify_check_never(demo_db, tmp_pa
     # Without the checks, the loss alone pages neither.
     quiet = json.loads(lossspike(*args, "--labels", str(labels), "--format", "json", "--checks", "none").stdout)
     assert [e["paged"] for e in quiet["labels_report"]["labels"]] == [False, False, False]
+
+
+# --- labels files as real tools write them (issue 25) ---------------------------------
+
+
+def one_label_csv(**cells: str) -> str:
+    row = {"run": "hero-a", "kind": "shift", "start": stamp(0), "should_page": "true", "deadline_minutes": "10"}
+    row |= cells
+    return ",".join(row) + "\n" + ",".join(row.values()) + "\n"
+
+
+def one_label_json(**fields) -> str:
+    row = {"run": "hero-a", "kind": "shift", "start": stamp(0), "should_page": True, "deadline_minutes": 10}
+    return json.dumps(row | fields) + "\n"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_byte_order_mark_is_read_as_the_start_of_utf8_text(tmp_path, fmt):
+    # Excel's "CSV UTF-8" writes EF BB BF before the header; some scripts do the same before JSON lines.
+    text = one_label_csv(note="ünïcode") if fmt == "csv" else one_label_json(note="ünïcode")
+    plain, marked = tmp_path / f"plain.{fmt}", tmp_path / f"marked.{fmt}"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_text(text, encoding="utf-8-sig")
+    assert marked.read_bytes().startswith(b"\xef\xbb\xbf")
+    [label] = read_labels(marked)
+    assert read_labels(plain) == [label]
+    assert (label.run, label.kind, label.note, label.line) == ("hero-a", "shift", "ünïcode", 1 if fmt == "jsonl" else 2)
+
+
+def test_a_labels_file_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(one_label_csv().encode() + b"hero-b,caf\xe9,x,true,1\n")
+    with pytest.raises(LabelsError, match=r"latin1.csv line 3: not UTF-8 text"):
+        read_labels(path)
+
+
+NESTED = "[" * 100_000 + "]" * 100_000
+# Each: the file's text, then what its one error line must name (always the line and the field).
+HOSTILE_LABELS = {
+    "deadline 1e12 in CSV": (one_label_csv(deadline_minutes="1e12"), ["line 2", "'deadline_minutes'", "44640"]),
+    "deadline 1e12 in JSON": (one_label_json(deadline_minutes=1e12), ["line 1", "'deadline_minutes'", "44640"]),
+    "deadline of 5,000 digits in JSON": (
+        '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00Z", "should_page": true,'
+        f' "deadline_minutes": {"9" * 5000}}}\n',
+        ["line 1", "'deadline_minutes'", "5,000 characters"],
+    ),
+    "deadline of 5,000 digits in CSV": (
+        one_label_csv(deadline_minutes="9" * 5000),
+        ["line 2", "'deadline_minutes'", "5,000 characters"],
+    ),
+    "size of 5,000 digits in JSON": (
+        '{"run": "hero-a", "kind": "k", "start": "2026-11-02T12:00:00Z", "should_page": true,'
+        f' "deadline_minutes": 5, "size": {"1" * 5000}.5}}\n',
+        ["line 1", "'size'", "5,002 characters"],
+    ),
+    "note of 200,000 characters in CSV": (
+        one_label_csv(note="n" * 200_000),
+        ["line 2", "'note'", "200,000 characters", "4,096"],
+    ),
+    "note of 200,000 characters in JSON": (
+        one_label_json(note="n" * 200_000),
+        ["line 1", "'note'", "200,000 characters", "4,096"],
+    ),
+    # Past csv's own field limit (131,072 characters), in a quoted cell spanning lines.
+    "run of 300,000 characters over csv's field limit": (
+        one_label_csv(run='"' + "r\n" * 150_000 + '"'),
+        ["line 2", "'run'", "300,000 characters"],
+    ),
+    "JSON nested 100,000 deep": (one_label_json() + NESTED + "\n", ["line 2", "nested too deeply"]),
+    "a field nested 100,000 deep": (
+        one_label_json()[:-2] + f', "note": {NESTED}}}\n',
+        ["line 1", "nested too deeply"],
+    ),
+    "a list as a field": (one_label_json(kind=[[1, 2]]), ["line 1", "'kind'", "a JSON list"]),
+    "an unknown field 100,000 characters long": (
+        one_label_json(**{"x" * 100_000: 1}),
+        ["line 1", "unknown field 'xxxx", "100,000 characters"],
+    ),
+    "start 100,000 characters long": (one_label_csv(start="2" * 100_000), ["line 2", "'start'", "100,000"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_LABELS))
+def test_every_bad_value_is_one_short_line_naming_the_line_and_the_field(tmp_path, case):
+    text, needles = HOSTILE_LABELS[case]
+    path = tmp_path / "labels.txt"
+    path.write_text(text, encoding="utf-8")
+    # Through the real command: the labels are read before the database is opened.
+    args = ["backtest", "--database", str(tmp_path / "none.duckdb"), "--start", "2026-11-02T00:00:00Z"]
+    result = lossspike(*args, "--end", "2026-11-02T01:00:00Z", "--labels", str(path))
+    one_line_error(result, "--labels", str(path), *needles)
+    assert result.returncode == 2 and "unexpected error" not in result.stderr
+    # Short enough to read: the line names the value, it does not repeat it.
+    assert len(result.stderr) < 400, result.stderr
+
+
+def test_the_limits_themselves_are_accepted():
+    [label] = parse_labels(one_label_csv(deadline_minutes="44640", note="n" * 4096))
+    assert label.deadline_minutes == 44640 and len(label.note) == 4096
+    [label] = parse_labels(one_label_json(size=int("9" * 100)))
+    assert label.size == int("9" * 100)
+
+
+def test_the_labels_table_escapes_what_people_and_scripts_typed():
+    result = replay(history("hero-a", spans(range(20, 26))))
+    hostile = {"kind": "shift\x1b[31m red\r\nforged", "size": "7b\x1b]0;title\x07"}
+    report = score(result, label("hero-a", 18, 10, **hostile), label("gone\x1b[2J\u202erun", 0, 10))
+    table = labels_table(report)
+    assert "\x1b" not in table and "\r" not in table and "\x07" not in table and "\u202e" not in table
+    assert table.count("\n") == len(table.splitlines())  # no line but the table's own
+    assert "shift\\x1b[31m red\\x0d\\x0aforged" in table and "7b\\x1b]0;title\\x07" in table
+    assert "gone\\x1b[2J\\u202erun" in table
+    # The same escaping as the evaluate table's cells (render.terminal_safe), not a second one.
+    assert terminal_safe(hostile["kind"]) in table
+
+
+def test_the_labels_table_names_a_few_unknown_runs_and_counts_the_rest():
+    result = replay(history("hero-a", {}))
+    report = score(result, *(label(f"gone-{i}", 0, 10) for i in range(25)))
+    assert report["unknown_runs"] == [f"gone-{i}" for i in range(25)]
+    [line] = [x for x in labels_table(report).splitlines() if x.startswith("labels naming runs")]
+    assert line.startswith("labels naming runs the range does not hold (25): gone-0, gone-1,")
+    assert "gone-19 and 5 more" in line and "gone-20" not in line
+
+
+def test_a_bom_labels_file_scores_through_the_command(bench, tmp_path):
+    marked = tmp_path / "labels.csv"
+    marked.write_text((bench / "labels.csv").read_text(encoding="utf-8"), encoding="utf-8-sig")
+    args = ["backtest", "--database", str(bench / "incidents.duckdb"), "--start", "2026-11-02T20:00:00Z"]
+    args += ["--end", "2026-11-03T00:00:00Z", "--format", "json"]
+    plain = lossspike(*args, "--labels", str(bench / "labels.csv"))
+    result = lossspike(*args, "--labels", str(marked))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["labels_report"] == json.loads(plain.stdout)["labels_report"]
