@@ -381,9 +381,41 @@ MUTANTS = [
     Mutant(
         "issue 17: a refused threshold does not make its row unusable",
         "lossspike/overrides.py",
-        "if value is not None and threshold_problems(",
-        "if False and threshold_problems(",
+        "found = threshold_problems(SimpleNamespace(**{**merged, column: value}))",
+        "found = []",
         ["tests/test_overrides.py::test_invalid_hand_written_threshold_is_reported_and_its_silences_lifted"],
+    ),
+    # --- issue 25: thresholds that parse but cannot work, unknown reasons, labels files ---
+    Mutant(
+        "issue 25: a skipped-steps limit of 0 is accepted",
+        "lossspike/rule.py",
+        '"skipped_steps_limit": Range(\n        low=1,',
+        '"skipped_steps_limit": Range(\n        low=0,',
+        [
+            "tests/test_settings.py::test_a_threshold_that_parses_but_cannot_work_is_refused_with_its_range",
+            f"{HOSTILE_UNUSABLE}[skipped steps limit of 0]",
+        ],
+    ),
+    Mutant(
+        "issue 25: an override row naming an unknown reason is usable",
+        "lossspike/overrides.py",
+        "return row.reason is None or row.reason in REASON_SCOPES",
+        "return True",
+        [f"{HOSTILE_UNUSABLE}[reason in capitals]", "tests/test_overrides.py"],
+    ),
+    Mutant(
+        "issue 25: a labels file's byte-order mark is kept",
+        "lossspike/labels.py",
+        "text = text.removeprefix(BOM)",
+        "text = text",
+        ["tests/test_labels.py::test_a_byte_order_mark_is_read_as_the_start_of_utf8_text"],
+    ),
+    Mutant(
+        "issue 25: the labels table prints kinds raw",
+        "lossspike/labels.py",
+        'terminal_safe(row["kind"]),',
+        'row["kind"],',
+        ["tests/test_labels.py::test_the_labels_table_escapes_what_people_and_scripts_typed"],
     ),
     Mutant(
         "issue 17: a pattern ending in a lone backslash counts as usable",
