@@ -339,8 +339,8 @@ variable "divergence_min_rise" {
   default     = 0.15
 
   validation {
-    condition     = var.divergence_min_rise >= 0
-    error_message = "The divergence_min_rise must not be negative."
+    condition     = var.divergence_min_rise > 0
+    error_message = "The divergence_min_rise must be above 0 (0 pages every run whose loss is not at its horizon's best level)."
   }
 }
 
@@ -431,8 +431,8 @@ variable "grad_norm_limit" {
   default     = 2.0
 
   validation {
-    condition     = var.grad_norm_limit >= 0
-    error_message = "The grad_norm_limit must not be negative."
+    condition     = var.grad_norm_limit > 0
+    error_message = "The grad_norm_limit must be above 0 (a gradient norm is above 0 at every step)."
   }
 }
 
@@ -442,8 +442,8 @@ variable "skipped_steps_limit" {
   default     = 3.0
 
   validation {
-    condition     = var.skipped_steps_limit >= 0
-    error_message = "The skipped_steps_limit must not be negative."
+    condition     = var.skipped_steps_limit >= 1
+    error_message = "The skipped_steps_limit must be at least 1 (steps_skipped fires at this many skipped steps or more, so below 1 it fires on every run)."
   }
 }
 
@@ -451,30 +451,65 @@ variable "throughput_floor" {
   description = "throughput_low (notify): tokens per second below this. null (the default) keeps the check off: the right value depends on the model and hardware."
   type        = number
   default     = null
+
+  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
+  validation {
+    condition     = var.throughput_floor == null ? true : (var.throughput_floor > 0)
+    error_message = "The throughput_floor must be above 0, or null (tokens per second are never below 0)."
+  }
 }
 
 variable "mfu_floor" {
   description = "mfu_low (notify): MFU in percent below this. null (the default) keeps the check off: the right value depends on the model and hardware."
   type        = number
   default     = null
+
+  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
+  validation {
+    condition     = var.mfu_floor == null ? true : (var.mfu_floor > 0 && var.mfu_floor <= 100)
+    error_message = "The mfu_floor must be above 0 and at most 100 (MFU is a percentage), or null."
+  }
 }
 
 variable "token_drop_limit" {
   description = "token_drops (notify): MoE drop fraction above this (Marin: 0.07). null (the default) keeps the check off: the right value depends on the model and hardware."
   type        = number
   default     = null
+
+  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
+  validation {
+    condition     = var.token_drop_limit == null ? true : (var.token_drop_limit >= 0 && var.token_drop_limit < 1)
+    error_message = "The token_drop_limit must be at least 0 and below 1 (a drop fraction), or null."
+  }
 }
 
 variable "router_entropy_limit" {
   description = "router_entropy (notify): routing entropy below this (Marin: 5.92 for 384 experts). null (the default) keeps the check off: the right value depends on the model and hardware."
   type        = number
   default     = null
+
+  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
+  validation {
+    condition     = var.router_entropy_limit == null ? true : (var.router_entropy_limit > 0)
+    error_message = "The router_entropy_limit must be above 0, or null (routing entropy is never below 0)."
+  }
 }
 
 variable "router_bias_limit" {
   description = "router_bias (notify): largest absolute router bias above this (Marin: 400). null (the default) keeps the check off: the right value depends on the model and hardware."
   type        = number
   default     = null
+
+  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
+  validation {
+    condition     = var.router_bias_limit == null ? true : (var.router_bias_limit >= 0)
+    error_message = "The router_bias_limit must not be negative, or null."
+  }
 }
 
 variable "grad_norm_metric" {

@@ -372,6 +372,10 @@ def test_empty_run_ids_leave_the_variable_unset(workdir: Path) -> None:
         ({"detectors": "level_shift,spiking"}, "The detectors must be"),
         ({"checks": "grad_norm"}, "The checks must be"),
         ({"divergence_minutes": 2000}, "whole number from 1 to 1440"),
+        # Thresholds that parse but cannot work (issue 25), the ranges of lossspike/rule.py THRESHOLD_RANGES.
+        ({"skipped_steps_limit": 0}, "skipped_steps_limit must be at least 1"),
+        ({"throughput_floor": -5}, "throughput_floor must be above 0, or null"),
+        ({"token_drop_limit": 1}, "token_drop_limit must be at least 0 and below 1"),
     ],
 )
 def test_plan_refuses_bad_variables(workdir: Path, extra: dict, message: str) -> None:
