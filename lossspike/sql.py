@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from lossspike.rule import NON_FINITE_MAGNITUDE, Thresholds
-from lossspike.schema import CONTRACT_SHAPE, TelemetryShape
+from lossspike.schema import CONTRACT_SHAPE, SHAPES, TelemetryShape
 
 # NaN compares false in both engines, so one comparison also rules out NaN and inf.
 _FINITE = "ABS({0}) < 1e150"
@@ -1289,15 +1289,33 @@ def rollup_view_query(
     return minute_buckets(BIGQUERY, telemetry_table, selection, since=since, shape=shape)
 
 
-def rollup_view_template(shape: TelemetryShape = CONTRACT_SHAPE) -> str:
+def rollup_template_name(shape_name: str = "contract", process: str = "0") -> str:
+    """The file in terraform/sql/ holding the rollup view's template for a telemetry shape (a key of
+    schema.SHAPES, Terraform's `telemetry_shape`) and the `process` setting. A view takes no
+    parameters, so each shape's filters and time column are a template of their own."""
+    if shape_name == "contract":
+        return "loss_spike_minutes.sql"
+    return f"loss_spike_minutes_{shape_name.replace('.', '_')}{'_any_process' if process == 'any' else ''}.sql"
+
+
+# Every (shape, process) pair with a template of its own (`process` changes nothing without process_index).
+ROLLUP_TEMPLATES = {
+    rollup_template_name(name, process): (name, process)
+    for name in SHAPES
+    for process in (("0",) if SHAPES[name].process_type is None else ("0", "any"))
+}
+
+
+def rollup_view_template(shape: TelemetryShape = CONTRACT_SHAPE, process: str = "0") -> str:
     """rollup_view_query with Terraform placeholders, the text of terraform/sql/loss_spike_minutes.sql
-    (or, for a table with `timestamp_ms`, of loss_spike_minutes_ms.sql: see ROLLUP_TEMPLATES)."""
+    (or, for another shape, of the file rollup_template_name names)."""
     text = rollup_view_query(
         "lossspike_template_project.lossspike_template_dataset.lossspike_template_table",
         Selection(
             service="lossspike_template_service",
             metric="lossspike_template_metric",
             run_pattern="lossspike_template_pattern",
+            process=process,
             **{f"{key}_metric": f"lossspike_template_{key}_metric" for key in CHECK_METRICS},
         ),
         datetime(2001, 2, 3, 4, 5, 6, tzinfo=UTC),
