@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VIEW",
         help="print instead the BigQuery tick's script over this rollup view, and the view's own query",
     )
+    sql.add_argument(
+        "--shape",
+        choices=("contract", "levanter.metrics", "telemetry_v1"),
+        default="contract",
+        help="the telemetry table's shape (docs/data-contracts.md); a store reads it from the table [contract]",
+    )
     _add_now(sql)
     _add_rule_flags(sql)
 
@@ -590,8 +596,11 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.evaluate import tick_windows
     from lossspike.sql import DIALECTS, tick_read_query
 
+    from lossspike.schema import SHAPES
+
     settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
+    shape = SHAPES[args.shape]
     if args.rollup_table:
         from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query, with_refresh_status
 
@@ -604,7 +613,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
             rollup_table=settings.rollup_table,
         )
         text = f"{refresh_statement(settings.rollup_table)}\n{with_refresh_status(read.sql)}"
-        view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2))
+        view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2), shape)
         query = type(read)(text, read.params)
         footer = f"\n\n-- the view's query (Terraform: terraform/sql/loss_spike_minutes.sql)\n{view}\n"
     else:
@@ -613,6 +622,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
             settings.selection,
             tick_windows(settings, now),
             telemetry_table=settings.telemetry_table,
+            shape=shape,
         )
         footer = ""
     params = {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in query.params.items()}
