@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument(
         "--buffer-minutes", type=float, default=0.0, help="minutes new rows sit in the streaming buffer [0]"
     )
+    cost.add_argument(
+        "--shape",
+        choices=("contract", "levanter.metrics", "telemetry_v1"),
+        default="contract",
+        help="the telemetry table's shape: which columns a tick reads of a row (docs/data-contracts.md) [contract]",
+    )
     cost.add_argument("--format", choices=("table", "json"), default="table")
     cost.add_argument(
         "--actual",
@@ -594,9 +600,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.evaluate import tick_windows
-    from lossspike.sql import DIALECTS, tick_read_query
-
     from lossspike.schema import SHAPES
+    from lossspike.sql import DIALECTS, tick_read_query
 
     settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
@@ -751,6 +756,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             buffer_minutes=args.buffer_minutes,
             detectors=() if args.rules == "seed" else cost.DETECTORS,
             checks=args.rules != "seed",
+            shape=args.shape,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
