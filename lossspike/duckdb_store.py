@@ -177,16 +177,17 @@ class DuckDBStore:
         now = windows.now
         with self._lock:
             self._ensure_open()
-            query = tick_read_query(
-                self.dialect,
-                settings.selection,
-                windows,
-                telemetry_table=settings.telemetry_table,
-                shape=self.check_telemetry(),
-            )
             connection = self.connection
             connection.execute("BEGIN TRANSACTION")
             try:
+                # The shape of the snapshot the read sees (fetch checks it again: a cheap metadata read).
+                query = tick_read_query(
+                    self.dialect,
+                    settings.selection,
+                    windows,
+                    telemetry_table=settings.telemetry_table,
+                    shape=self.check_telemetry(),
+                )
                 buckets = self.fetch(query, deadline)
                 overrides = self._read_overrides(now, deadline)
             except BaseException:
