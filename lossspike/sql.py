@@ -225,8 +225,8 @@ def time_bound(dialect: Dialect, shape: TelemetryShape, params: dict[str, object
     """`time op @name` on the table's own time column: on timestamp_ms the bound is an integer
     parameter `@name_ms` (bound here from `params[name]`), so the comparison is on the stored
     column and BigQuery prunes its integer-range partitions and clustered blocks by it
-    (https://cloud.google.com/bigquery/docs/querying-partitioned-tables: the filter must be on
-    the partitioning column itself)."""
+    (https://cloud.google.com/bigquery/docs/querying-partitioned-tables: pruning takes a
+    qualifying filter on the value of the partitioning column)."""
     p = dialect.param.format
     if shape.time_column == "timestamp":
         return f"timestamp {op} {p(name)}"
