@@ -376,6 +376,7 @@ def backtest(
         ticks[0] - timedelta(minutes=lookback),
         ticks[-1],
         telemetry_table=settings.telemetry_table,
+        shape=store.telemetry_shape(),
     )
     buckets = store.fetch(query)
     # The overrides in force at each tick, as they were then (by created_at and silenced_until).
@@ -421,6 +422,7 @@ def _read_checks(
         ticks[-1],
         dense_start=ticks[0] - timedelta(minutes=dense) if evals > dense else None,
         telemetry_table=settings.telemetry_table,
+        shape=store.telemetry_shape(),
     )
     return store.fetch(query)
 

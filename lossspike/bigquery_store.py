@@ -33,7 +33,14 @@ from lossspike.overrides import (
     overrides_table_name,
     rows_from_arrow,
 )
-from lossspike.schema import ALERT_COLUMNS, ALERTS_SCHEMA, TELEMETRY_COLUMNS, telemetry_type_problem
+from lossspike.schema import (
+    ALERT_COLUMNS,
+    ALERTS_SCHEMA,
+    TelemetryShape,
+    missing_telemetry_columns,
+    telemetry_shape,
+    telemetry_type_problem,
+)
 from lossspike.settings import Settings
 from lossspike.sql import (
     BIGQUERY,
@@ -145,7 +152,7 @@ class BigQueryStore:
         # bounded by our deadline instead of its ten minutes.
         self.retry = bigquery.DEFAULT_RETRY.with_deadline(RETRY_DEADLINE_SECONDS)
         self._cost: dict[str, Any] = {}
-        self._checked = False
+        self._shape: TelemetryShape | None = None
         self._overrides_table = overrides_table_name(settings.alerts_table)
         # (the override table's version when read: last-modified time and column types,
         # the tick that read it, all its rows)
@@ -201,23 +208,29 @@ class BigQueryStore:
         """Run one read-only query; the result as an Arrow table, read without the Storage API."""
         return self._read(query.sql, query.params, "evaluate", deadline)
 
-    def check_telemetry(self) -> None:
-        """Refuse a telemetry table whose column types break the contract, once per store (metadata, free)."""
-        if self._checked:
-            return
+    def check_telemetry(self) -> TelemetryShape:
+        """The telemetry table's shape from its schema, read once per store (metadata, free); a table
+        whose column types break the contract is refused."""
+        if self._shape is not None:
+            return self._shape
         table = self.settings.telemetry_table
         try:
             schema = self.client.get_table(table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS).schema
         except _FAILURES as error:
             raise StoreError(f"cannot read the schema of {table}: {_one_line(error)}") from error
         columns = {field.name: field.field_type for field in schema}
-        missing = [c for c in TELEMETRY_COLUMNS if c not in columns]
+        missing = missing_telemetry_columns(columns)
         if missing:
             raise StoreError(f"table {table} lacks column(s): {', '.join(missing)}")
         problem = telemetry_type_problem(columns, "bigquery", table)
         if problem:
             raise StoreError(problem)
-        self._checked = True
+        self._shape = telemetry_shape(columns)
+        return self._shape
+
+    def telemetry_shape(self) -> TelemetryShape:
+        """The telemetry table's shape (the SQL builders read it from here)."""
+        return self.check_telemetry()
 
     def _read(self, sql: str, params: dict[str, Any], component: str, deadline: Deadline | None) -> pa.Table:
         started = time.perf_counter()
@@ -255,7 +268,7 @@ class BigQueryStore:
         override table is tiny but a read bills BigQuery's 10 MB minimum, so it is read
         (in the same statement) only when its metadata, which costs nothing, says it changed.
         """
-        self.check_telemetry()
+        shape = self.check_telemetry()
         now = windows.now
         overrides, stored = self._overrides_state(now)
         changed = stored is not None
@@ -263,7 +276,12 @@ class BigQueryStore:
         if now.second or now.microsecond:
             rollup = ""
         query = tick_read_query(
-            BIGQUERY, settings.selection, windows, telemetry_table=settings.telemetry_table, rollup_table=rollup
+            BIGQUERY,
+            settings.selection,
+            windows,
+            telemetry_table=settings.telemetry_table,
+            rollup_table=rollup,
+            shape=shape,
         )
         sql = query.sql
         problems = None

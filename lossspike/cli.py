@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VIEW",
         help="print instead the BigQuery tick's script over this rollup view, and the view's own query",
     )
+    sql.add_argument(
+        "--shape",
+        choices=("contract", "levanter.metrics", "telemetry_v1"),
+        default="contract",
+        help="the telemetry table's shape (docs/data-contracts.md); a store reads it from the table [contract]",
+    )
     _add_now(sql)
     _add_rule_flags(sql)
 
@@ -131,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cost.add_argument(
         "--buffer-minutes", type=float, default=0.0, help="minutes new rows sit in the streaming buffer [0]"
+    )
+    cost.add_argument(
+        "--shape",
+        choices=("contract", "levanter.metrics", "telemetry_v1"),
+        default="contract",
+        help="the telemetry table's shape: which columns a tick reads of a row (docs/data-contracts.md) [contract]",
     )
     cost.add_argument("--format", choices=("table", "json"), default="table")
     cost.add_argument(
@@ -588,10 +600,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.evaluate import tick_windows
+    from lossspike.schema import SHAPES
     from lossspike.sql import DIALECTS, tick_read_query
 
     settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
+    shape = SHAPES[args.shape]
     if args.rollup_table:
         from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query, with_refresh_status
 
@@ -604,7 +618,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
             rollup_table=settings.rollup_table,
         )
         text = f"{refresh_statement(settings.rollup_table)}\n{with_refresh_status(read.sql)}"
-        view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2))
+        view = rollup_view_query(settings.telemetry_table, settings.selection, now - timedelta(hours=2), shape)
         query = type(read)(text, read.params)
         footer = f"\n\n-- the view's query (Terraform: terraform/sql/loss_spike_minutes.sql)\n{view}\n"
     else:
@@ -613,6 +627,7 @@ def _cmd_sql(args: argparse.Namespace) -> int:
             settings.selection,
             tick_windows(settings, now),
             telemetry_table=settings.telemetry_table,
+            shape=shape,
         )
         footer = ""
     params = {k: format_rfc3339(v) if isinstance(v, datetime) else v for k, v in query.params.items()}
@@ -741,6 +756,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             buffer_minutes=args.buffer_minutes,
             detectors=() if args.rules == "seed" else cost.DETECTORS,
             checks=args.rules != "seed",
+            shape=args.shape,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

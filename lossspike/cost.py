@@ -70,6 +70,25 @@ TELEMETRY_BYTES = {
     "job_id": 26,
     "execution_uid": 13,
 }
+# The telemetry columns a tick reads beyond (or short of) the contract's, per table shape
+# (lossspike.schema.SHAPES, docs/data-contracts.md): levanter.metrics has no `service` and an INT64
+# process_index (8 B) and kind 'scalar' (8 B); telemetry_v1 a STRING process_index '0' (3 B) and kind
+# 'gauge' (7 B). timestamp_ms is 8 B like timestamp. The floor stays the contract's eight columns (SPEC).
+SHAPE_COLUMN_BYTES = {
+    "contract": TELEMETRY_BYTES,
+    "levanter.metrics": {
+        **{k: v for k, v in TELEMETRY_BYTES.items() if k not in ("timestamp", "service")},
+        "timestamp_ms": 8,
+        "process_index": 8,
+        "kind": 8,
+    },
+    "telemetry_v1": {
+        **{k: v for k, v in TELEMETRY_BYTES.items() if k != "timestamp"},
+        "timestamp_ms": 8,
+        "process_index": 3,
+        "kind": 7,
+    },
+}
 # Rollup rows per run and minute: a bucket for the loss (1.2: a noisy loss near an integer
 # sometimes splits in two) and one for the run's other metrics, whose loss columns are NULL,
 # and BigQuery counts a NULL as 0 bytes
@@ -192,9 +211,13 @@ class Fleet:
     # the checks (a quarter hour of the other metrics, a day of evaluation rows); none is the seed rule.
     detectors: tuple[str, ...] = DETECTORS
     checks: bool = True
+    # The telemetry table's shape (SHAPE_COLUMN_BYTES): which columns a tick reads of each row.
+    shape: str = "contract"
 
     def __post_init__(self) -> None:
         problems = []
+        if self.shape not in SHAPE_COLUMN_BYTES:
+            problems.append(f"--shape must be one of {', '.join(SHAPE_COLUMN_BYTES)}, got {self.shape!r}")
         for name, most in MAX_FLEET.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
@@ -222,6 +245,17 @@ class Fleet:
     @property
     def telemetry_rows_per_minute(self) -> float:
         return (self.runs + self.non_hero_runs) * self.metrics * self.hz * 60
+
+    @property
+    def column_bytes(self) -> dict[str, float]:
+        """The bytes of each telemetry column a tick reads, scaled to row_bytes for the contract's eight."""
+        scale = self.row_bytes / sum(TELEMETRY_BYTES.values())
+        return {k: v * scale for k, v in SHAPE_COLUMN_BYTES[self.shape].items()}
+
+    @property
+    def read_row_bytes(self) -> float:
+        """The bytes a tick reads of one telemetry row: row_bytes in the contract's shape."""
+        return sum(self.column_bytes.values())
 
     @property
     def partition_minutes(self) -> int:
@@ -283,12 +317,12 @@ def floor_bytes(fleet: Fleet) -> float:
 def refresh_part(fleet: Fleet, minutes: float = 1.0) -> Part:
     """The rollup refresh: the telemetry rows that arrived in the last `minutes`, in the view's columns."""
     rows = fleet.telemetry_rows_per_minute * minutes
-    scanned = rows * fleet.row_bytes
+    scanned = rows * fleet.read_row_bytes
     return Part(
         "rollup refresh (new rows)",
         "telemetry",
         _at_least_minimum(scanned),
-        f"{minutes:g} min x {fleet.telemetry_rows_per_minute:,.0f} rows/min x {fleet.row_bytes:g} B"
+        f"{minutes:g} min x {fleet.telemetry_rows_per_minute:,.0f} rows/min x {fleet.read_row_bytes:g} B"
         f" = {_mib(scanned)}, at least 10 MiB",
     )
 
@@ -348,13 +382,13 @@ def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
 def base_delta_part(fleet: Fleet) -> Part:
     """The base rows newer than the view's refresh, which a direct read of the view bills too."""
     rows = fleet.telemetry_rows_per_minute * fleet.buffer_minutes
-    scanned = rows * fleet.row_bytes
+    scanned = rows * fleet.read_row_bytes
     return Part(
         "base rows newer than the refresh",
         "telemetry",
         _at_least_minimum(scanned),
         f"{fleet.buffer_minutes:g} min in the streaming buffer x {fleet.telemetry_rows_per_minute:,.0f} rows/min"
-        f" x {fleet.row_bytes:g} B = {_mib(scanned)}, at least 10 MiB (the table is referenced)",
+        f" x {fleet.read_row_bytes:g} B = {_mib(scanned)}, at least 10 MiB (the table is referenced)",
     )
 
 
@@ -379,13 +413,13 @@ def raw_read_part(fleet: Fleet, now: datetime) -> Part:
     """The raw query: every telemetry row of the horizon's partitions (no rollup, e.g. over a telemetry view)."""
     start = now - timedelta(minutes=fleet.horizon_minutes)
     minutes = scanned_minutes(start, now, now, fleet.partition_minutes, pruned=False)
-    scanned = minutes * fleet.telemetry_rows_per_minute * fleet.row_bytes
+    scanned = minutes * fleet.telemetry_rows_per_minute * fleet.read_row_bytes
     return Part(
         "raw query",
         "telemetry",
         _at_least_minimum(scanned),
         f"{minutes:,.0f} min of {fleet.partition.lower()} partitions x {fleet.telemetry_rows_per_minute:,.0f}"
-        f" rows/min x {fleet.row_bytes:g} B = {_mib(scanned)}, at least 10 MiB",
+        f" rows/min x {fleet.read_row_bytes:g} B = {_mib(scanned)}, at least 10 MiB",
     )
 
 
@@ -549,7 +583,7 @@ def apart(fleet: Fleet, day: datetime = DAY) -> dict[str, Any]:
     override = OVERRIDE_ROWS * OVERRIDE_ROW_BYTES
     rerun_rows = 720 * max(fleet.runs, 1) * fleet.alert_rows_per_run
     rerun = _at_least_minimum(rerun_rows * sum(ALERT_BYTES.values()))
-    per_buffer_minute = fleet.telemetry_rows_per_minute * fleet.row_bytes
+    per_buffer_minute = fleet.telemetry_rows_per_minute * fleet.read_row_bytes
     return {
         "overrides hourly re-read": {
             "bytes": MIN_BYTES_PER_TABLE,
@@ -615,7 +649,8 @@ def render(report: dict[str, Any]) -> str:
     floor = report["floor_bytes"]
     lines = [
         f"fleet: {fleet['runs']:,} hero runs + {fleet['non_hero_runs']:,} other runs, {fleet['metrics']} metrics"
-        f" at {fleet['hz']:g} Hz, {fleet['row_bytes']:g} B a row; ${report['price_per_tib']}/TiB,"
+        f" at {fleet['hz']:g} Hz, {fleet['row_bytes']:g} B a row ({fleet.get('shape', 'contract')} shape);"
+        f" ${report['price_per_tib']}/TiB,"
         f" {report['ticks_per_month']:,} ticks a month",
         f"floor of a tick: {floor / MIB:,.1f} MiB (the new rows, plus 10 MiB each for the view, the base rows"
         f" newer than its refresh and the alerts table); target <= {report['ratio_target']:g}x",
@@ -675,13 +710,12 @@ class TableModel:
 
 def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: str) -> dict[str, TableModel]:
     """The billing model of every table a tick may touch, for this fleet, laid out as Terraform makes them."""
-    scale = fleet.row_bytes / sum(TELEMETRY_BYTES.values())
     return {
         telemetry: TableModel(
-            "timestamp",
+            "timestamp" if fleet.shape == "contract" else "timestamp_ms",
             fleet.partition_minutes,
             fleet.telemetry_rows_per_minute,
-            {k: v * scale for k, v in TELEMETRY_BYTES.items()},
+            fleet.column_bytes,
         ),
         rollup: TableModel(
             "minute",
@@ -699,6 +733,9 @@ def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: st
 
 
 def _bound(value: Any) -> datetime | None:
+    """A time bound's instant: a TIMESTAMP parameter, or a timestamp_ms table's epoch milliseconds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=value)
     return value if isinstance(value, datetime) else None
 
 
@@ -852,6 +889,7 @@ def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[l
     """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
     from lossspike.evaluate import tick_windows
     from lossspike.rule import Thresholds
+    from lossspike.schema import SHAPES
     from lossspike.settings import Settings
     from lossspike.sql import (
         BIGQUERY,
@@ -873,10 +911,11 @@ def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[l
         tick_windows(settings, now),
         telemetry_table=_TELEMETRY,
         rollup_table=_ROLLUP if rollup else "",
+        shape=SHAPES[fleet.shape],
     )
     reads = [Query(f"{refresh_statement(_ROLLUP)}\n{with_refresh_status(read.sql)}", read.params)] if rollup else [read]
     baseline_start, _ = window_bounds(now, Thresholds())
-    views = {_ROLLUP: (_TELEMETRY, rollup_view_query(_TELEMETRY, Selection(), baseline_start))}
+    views = {_ROLLUP: (_TELEMETRY, rollup_view_query(_TELEMETRY, Selection(), baseline_start, SHAPES[fleet.shape]))}
     return [*reads, Query(write_script(_ALERTS, ALERT_COLUMNS), {"now": now, "rows": []})], views
 
 

@@ -17,10 +17,12 @@ from lossspike.overrides import OverrideRow, overrides_table_name, read_duckdb
 from lossspike.schema import (
     ALERT_COLUMNS,
     ALERTS_SCHEMA,
-    TELEMETRY_COLUMNS,
+    TelemetryShape,
     alerts_table_ddl,
     alerts_to_arrow,
     alter_add_column,
+    missing_telemetry_columns,
+    telemetry_shape,
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
@@ -129,8 +131,9 @@ class DuckDBStore:
     def _required_columns(self, table: str) -> set[str]:
         return {name for name, _, nullable in self._column_rows(table) if nullable == "NO"}
 
-    def check_telemetry(self) -> None:
-        """Raise StoreError naming the table, or the column missing or of the wrong type."""
+    def check_telemetry(self) -> TelemetryShape:
+        """The table's shape (its time column and optional columns, from information_schema); raise
+        StoreError naming the table, or the column missing or of the wrong type."""
         with self._lock:
             self._ensure_open()
             try:
@@ -139,12 +142,18 @@ class DuckDBStore:
                 raise StoreError(f"cannot read {self.path}: {_first_line(error)}") from None
         if not columns:
             raise StoreError(f"table {self.telemetry_table!r} not found in {self.path}")
-        missing = [c for c in TELEMETRY_COLUMNS if c not in columns]
+        missing = missing_telemetry_columns(columns)
         if missing:
             raise StoreError(f"table {self.telemetry_table!r} in {self.path} lacks column(s): {', '.join(missing)}")
         problem = telemetry_type_problem(columns, "duckdb", self.telemetry_table)
         if problem:
             raise StoreError(f"{problem} (in {self.path})")
+        return telemetry_shape(columns)
+
+    def telemetry_shape(self) -> TelemetryShape:
+        """The telemetry table's shape, checked (the SQL builders read it from here)."""
+        with self._lock:
+            return self.check_telemetry()
 
     def fetch(self, query: Query, deadline: Deadline | None = None) -> pa.Table:
         """Run the window query; the result as an Arrow table.
@@ -165,13 +174,20 @@ class DuckDBStore:
         """The tick's minute buckets (bucketed back from `now` over raw telemetry: exact at
         any instant, and fast on DuckDB) and the override rows written by `now`, in one
         transaction, so both come from one snapshot."""
-        query = tick_read_query(self.dialect, settings.selection, windows, telemetry_table=settings.telemetry_table)
         now = windows.now
         with self._lock:
             self._ensure_open()
             connection = self.connection
             connection.execute("BEGIN TRANSACTION")
             try:
+                # The shape of the snapshot the read sees (fetch checks it again: a cheap metadata read).
+                query = tick_read_query(
+                    self.dialect,
+                    settings.selection,
+                    windows,
+                    telemetry_table=settings.telemetry_table,
+                    shape=self.check_telemetry(),
+                )
                 buckets = self.fetch(query, deadline)
                 overrides = self._read_overrides(now, deadline)
             except BaseException:

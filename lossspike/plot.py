@@ -151,7 +151,15 @@ def run_figure(
     every = timedelta(minutes=result.every_minutes)
     start, end = ticks[0] - timedelta(minutes=t.recent_minutes), ticks[-1]
     raw = store.fetch(
-        run_samples_query(store.dialect, settings.telemetry_table, settings.selection, history.cluster, start, end)
+        run_samples_query(
+            store.dialect,
+            settings.telemetry_table,
+            settings.selection,
+            history.cluster,
+            start,
+            end,
+            shape=store.telemetry_shape(),
+        )
     )
     times = raw.column("timestamp").to_pylist()
     values = np.array(raw.column("value").to_pylist(), dtype=float)

@@ -21,6 +21,8 @@ from lossspike.sql import CHECK_METRICS, Selection, literal, validate_table
 
 ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")
+# process_index values the `process` setting names: Levanter's process 0, or every process.
+PROCESSES = ("0", "any")
 # The embedded default lives beside the user, where `lossspike evaluate` looks first.
 DEFAULT_DATABASE = "lossspike.duckdb"
 # About fifteen times what a tick needs at 1,000 runs x 21 metrics x 1 Hz with the detectors and checks (~210 MB,
@@ -70,6 +72,10 @@ class Settings:
 def _text(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
+    return value.strip()
+
+
+def _optional_text(value: str) -> str:
     return value.strip()
 
 
@@ -237,7 +243,10 @@ OPTIONS = (
     Option("metric_prefix", _metric_prefix, "Cloud Monitoring metric type prefix."),
     Option("max_bytes_billed", _positive_int, "BigQuery byte cap per query; a larger scan fails."),
     Option("monitoring", _bool, "Write Cloud Monitoring series (default: on with bigquery)."),
-    Option("service", _text, "Telemetry service whose samples count."),
+    Option(
+        "service", _optional_text, "Telemetry service whose samples count, where the table has the column (empty: any)."
+    ),
+    Option("process", _choice(PROCESSES), "Whose rows count where the table has process_index: 0 (process 0) or any."),
     Option("metric", _text, "Metric name of the loss."),
     Option("run_pattern", _run_pattern, "SQL LIKE pattern of watched run IDs (\\ escapes % and _)."),
     Option("run_ids", _list, "Comma-separated run IDs to watch instead of the pattern."),
@@ -379,7 +388,8 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
                 raise ConfigError(f"{option.env}: the bigquery backend needs project.dataset.table")
     if settings.rollup_table:
         # The rollup view's definition holds these as literals (a view takes no parameters).
-        keys = ("service", "metric") + (() if settings.selection.run_ids else ("run_pattern",))
+        keys = (("service",) if settings.selection.service else ()) + ("metric",)
+        keys += () if settings.selection.run_ids else ("run_pattern",)
         for key in keys:
             try:
                 literal(getattr(settings.selection, key), key.replace("_", " "))

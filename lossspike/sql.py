@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from lossspike.rule import NON_FINITE_MAGNITUDE, Thresholds
+from lossspike.schema import CONTRACT_SHAPE, SHAPES, TelemetryShape
 
 # NaN compares false in both engines, so one comparison also rules out NaN and inf.
 _FINITE = "ABS({0}) < 1e150"
@@ -57,6 +58,11 @@ class Dialect:
     ceil_div: str  # a quotient rounded up, as an integer
     row_number: str  # ROW_NUMBER() over a partition and an order
     types: dict[str, str]  # GoogleSQL type name -> this engine's, for typed NULLs
+    # The instant of INT64 epoch milliseconds {} (a timestamp_ms table's rows), exact and
+    # independent of any session time zone...
+    from_millis: str = ""
+    # ...and the epoch milliseconds of the timestamp {} (a view's literal lower bound).
+    millis_of: str = ""
 
 
 BIGQUERY = Dialect(
@@ -80,6 +86,10 @@ BIGQUERY = Dialect(
     ceil_div="CAST(CEIL({} / {}) AS INT64)",
     row_number="ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {})",
     types={},
+    # https://cloud.google.com/bigquery/docs/reference/standard-sql/timestamp_functions#timestamp_millis
+    from_millis="TIMESTAMP_MILLIS({})",
+    # https://cloud.google.com/bigquery/docs/reference/standard-sql/timestamp_functions#unix_millis
+    millis_of="UNIX_MILLIS({})",
 )
 
 DUCKDB = Dialect(
@@ -103,6 +113,10 @@ DUCKDB = Dialect(
     ceil_div="CAST(ceil({} / {}) AS BIGINT)",
     row_number="row_number() OVER (PARTITION BY {} ORDER BY {})",
     types={"FLOAT64": "DOUBLE", "INT64": "BIGINT", "TIMESTAMP": "TIMESTAMPTZ", "STRING": "VARCHAR", "BOOL": "BOOLEAN"},
+    # make_timestamptz(microseconds) is an instant: no session time zone enters it (to_timestamp
+    # takes float seconds, which can round a millisecond's microseconds).
+    from_millis="make_timestamptz(CAST({} AS BIGINT) * 1000)",
+    millis_of="epoch_ms({})",
 )
 
 DIALECTS = {d.name: d for d in (BIGQUERY, DUCKDB)}
@@ -146,6 +160,9 @@ class Selection:
     run_ids: tuple[str, ...] = ()
     # Attempts to narrow both windows to; empty means every attempt.
     execution_uids: tuple[str, ...] = ()
+    # Whose rows count where the table has process_index: process 0's ("0"), or every process's
+    # ("any"). Before Aug 2026 every process published every metric (levanter-telemetry-facts.md 2).
+    process: str = "0"
     # The run-health checks' metrics (SPEC.md's table: Levanter's and Marin's names).
     grad_norm_metric: str = "grad_norm_total"
     skipped_steps_metric: str = "optim_skipped_step"
@@ -171,6 +188,78 @@ def validate_table(name: str) -> str:
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ValueError(f"invalid table name {name!r}: use [project.][dataset.]table with letters, digits, '_' or '-'")
     return name
+
+
+# Where a table has `kind`, the rows that are samples: levanter.metrics' `scalar` (its summary
+# and histogram rows carry NULL value anyway) and telemetry_v1's `gauge`, the kind Levanter's
+# tracker values have there (levanter-telemetry-facts.md 1a, 1b and 5.6); NULL for a loader
+# that leaves it empty.
+SAMPLE_KINDS = ("scalar", "gauge")
+KIND_SAMPLE = f"(kind IS NULL OR kind IN ({', '.join(repr(k) for k in SAMPLE_KINDS)}))"
+# The one process whose rows count by default: Levanter's process 0 (facts 2).
+PROCESS_ZERO = {"INT64": "process_index = 0", "STRING": "process_index = '0'"}
+
+
+def instant(dialect: Dialect, shape: TelemetryShape) -> str:
+    """A row's time as a timestamp: the column itself, or the instant of its epoch milliseconds."""
+    if shape.time_column == "timestamp":
+        return "timestamp"
+    return dialect.from_millis.format(shape.time_column)
+
+
+def as_timestamp(dialect: Dialect, shape: TelemetryShape) -> str:
+    """A SELECT item giving a row's time the name `timestamp`, whatever the table calls it."""
+    t = instant(dialect, shape)
+    return t if t == "timestamp" else f"{t} AS timestamp"
+
+
+def epoch_ms_ceil(when: datetime) -> int:
+    """The smallest epoch millisecond at or after `when`: `ms * 1000 >= us` iff `ms >= ceil(us / 1000)`,
+    so an instant bound and this integer bound keep the same rows, at `>=` and at `<` alike."""
+    delta = when.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return -(-micros // 1000)
+
+
+def time_bound(dialect: Dialect, shape: TelemetryShape, params: dict[str, object], name: str, op: str) -> str:
+    """`time op @name` on the table's own time column: on timestamp_ms the bound is an integer
+    parameter `@name_ms` (bound here from `params[name]`), so the comparison is on the stored
+    column and BigQuery prunes its integer-range partitions and clustered blocks by it
+    (https://cloud.google.com/bigquery/docs/querying-partitioned-tables: pruning takes a
+    qualifying filter on the value of the partitioning column)."""
+    p = dialect.param.format
+    if shape.time_column == "timestamp":
+        return f"timestamp {op} {p(name)}"
+    params[f"{name}_ms"] = epoch_ms_ceil(params[name])  # type: ignore[arg-type]
+    return f"{shape.time_column} {op} {p(name + '_ms')}"
+
+
+def time_between(dialect: Dialect, shape: TelemetryShape, params: dict[str, object], start: str, end: str) -> str:
+    """The rows of [@start, @end) by the table's time column."""
+    return f"{time_bound(dialect, shape, params, start, '>=')}\n    AND {time_bound(dialect, shape, params, end, '<')}"
+
+
+def shape_filters(
+    dialect: Dialect, shape: TelemetryShape, selection: Selection, params: dict[str, object]
+) -> list[str]:
+    """The conditions the table's optional columns put on its rows: the service where the table has
+    the column and the setting names one, process 0 where it has process_index (unless `any`),
+    sample kinds where it has kind."""
+    kept = []
+    if shape.has_service and selection.service:
+        params["service"] = selection.service
+        kept.append(f"service = {dialect.param.format('service')}")
+    if shape.process_type and selection.process != "any":
+        kept.append(PROCESS_ZERO[shape.process_type])
+    if shape.has_kind:
+        kept.append(KIND_SAMPLE)
+    return kept
+
+
+def _query(dialect: Dialect, sql: str, params: dict[str, object]) -> Query:
+    """The query with only the parameters its text names (DuckDB refuses an unused one)."""
+    used = {k: v for k, v in params.items() if re.search(re.escape(dialect.param.format(k)) + r"(?![A-Za-z0-9_])", sql)}
+    return Query(sql, used)
 
 
 def window_bounds(now: datetime, thresholds: Thresholds) -> tuple[datetime, datetime]:
@@ -203,6 +292,8 @@ def samples_cte(
     start: str,
     end: str,
     extra_columns: tuple[str, ...] = (),
+    *,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> str:
     """`WITH samples AS (...)`: the watched runs' Levanter samples in [@start, @end).
 
@@ -221,24 +312,28 @@ def samples_cte(
         "COALESCE(NULLIF(cluster, ''), 'unknown') AS cluster",
         "run_id",
         "job_id",
-        "timestamp",
+        as_timestamp(d, shape),
         "value",
         f"COALESCE({is_loss}, FALSE) AS is_loss",
         f"{d.finite.format('value')} AS finite",
         *extra_columns,
     ]
-    rows = _raw_rows(d, table, selection, params, columns, f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}")
+    rows = _raw_rows(d, table, selection, params, columns, time_between(d, shape, params, start, end), shape)
     return f"WITH samples AS (\n  {rows}\n)"
 
 
 def _raw_rows(
-    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], columns: list[str], where: str
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object],
+    columns: list[str],
+    where: str,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> str:
     """The watched runs' Levanter rows that `where` keeps, with `columns` computed once each."""
-    p = dialect.param.format
-    params["service"] = selection.service
     runs = watched_runs(dialect, selection, params)
-    kept = [where, f"service = {p('service')}", "value IS NOT NULL", "run_id <> ''", runs]
+    kept = [where, *shape_filters(dialect, shape, selection, params), "value IS NOT NULL", "run_id <> ''", runs]
     conditions = "\n    AND ".join(kept)
     return f"SELECT\n    {', '.join(columns)}\n  FROM {quote_table(dialect, table)}\n  WHERE {conditions}"
 
@@ -247,13 +342,19 @@ def _raw_rows(
 JOB_PRESENT = "job_id <> ''"
 
 
-def newest_job(dialect: Dialect) -> str:
-    """The newest non-empty job_id among a group's samples, NULL if none."""
-    return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format(JOB_PRESENT, "timestamp"))
+def newest_job(dialect: Dialect, time: str = "timestamp") -> str:
+    """The newest non-empty job_id among a group's samples (by `time`), NULL if none."""
+    return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format(JOB_PRESENT, time))
 
 
 def loss_window_query(
-    dialect: Dialect, table: str, now: datetime, thresholds: Thresholds, selection: Selection
+    dialect: Dialect,
+    table: str,
+    now: datetime,
+    thresholds: Thresholds,
+    selection: Selection,
+    *,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> Query:
     """Build the query enrolling runs and reducing their baseline and recent windows."""
     d = dialect
@@ -266,7 +367,8 @@ def loss_window_query(
         params,
         "baseline_start",
         "now",
-        (f"timestamp >= {d.param.format('recent_start')} AS recent",),
+        (f"{time_bound(d, shape, params, 'recent_start', '>=')} AS recent",),
+        shape=shape,
     )
 
     def stat(fn: str, condition: str) -> str:
@@ -291,7 +393,7 @@ SELECT
   MAX({d.if_.format("is_loss", "timestamp")}) AS last_loss_at
 FROM samples
 GROUP BY cluster, run_id"""
-    return Query(sql, params)
+    return _query(d, sql, params)
 
 
 # --- the minute layer ---------------------------------------------------------
@@ -364,7 +466,14 @@ def metric_names(selection: Selection) -> dict[str, str]:
     return {key: getattr(selection, f"{key}_metric") for key in CHECK_METRICS}
 
 
-def minute_buckets(dialect: Dialect, table: str, selection: Selection, since: datetime | None = None) -> str:
+def minute_buckets(
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    since: datetime | None = None,
+    *,
+    shape: TelemetryShape = CONTRACT_SHAPE,
+) -> str:
     """The rollup view's SELECT: raw telemetry reduced to minute buckets of every role.
 
     Filters are literals and `since` (a whole time) is the lower bound, as a materialized
@@ -373,10 +482,25 @@ def minute_buckets(dialect: Dialect, table: str, selection: Selection, since: da
     """
     d = dialect
     names = metric_names(selection)
-    service, loss = literal(selection.service, "service"), literal(selection.metric, "metric")
+    loss = literal(selection.metric, "metric")
     checks = {key: literal(name, f"{key} metric") for key, name in names.items()}
     runs = f"run_id LIKE {literal(selection.run_pattern, 'run pattern')}"
-    bounds = "" if since is None else f"timestamp >= TIMESTAMP '{since.astimezone(UTC):%Y-%m-%d %H:%M:%S}'\n  AND "
+    t = instant(d, shape)
+    kept = []
+    if since is not None:
+        start = f"TIMESTAMP '{since.astimezone(UTC):%Y-%m-%d %H:%M:%S}'"
+        # On timestamp_ms the bound stays on the stored integer (a constant expression, which
+        # prunes integer-range partitions as a literal does).
+        kept.append(
+            f"timestamp >= {start}" if t == "timestamp" else f"{shape.time_column} >= {d.millis_of.format(start)}"
+        )
+    if shape.has_service and selection.service:
+        kept.append(f"service = {literal(selection.service, 'service')}")
+    if shape.process_type and selection.process != "any":
+        kept.append(PROCESS_ZERO[shape.process_type])
+    if shape.has_kind:
+        kept.append(KIND_SAMPLE)
+    kept += ["value IS NOT NULL", "run_id <> ''", runs]
     is_loss = f"name = {loss}"
     finite = d.finite.format("value")
     offset = "value - TRUNC(value)"
@@ -390,11 +514,11 @@ def minute_buckets(dialect: Dialect, table: str, selection: Selection, since: da
         "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
         "run_id": "run_id",
         "execution_uid": "execution_uid",
-        "minute": d.minute.format("timestamp"),
+        "minute": d.minute.format(t),
         "metric": role,
         "loss_base": base,
         "samples": "COUNT(*)",
-        "sample_at": "MAX(timestamp)",
+        "sample_at": f"MAX({t})",
         "loss_samples": d.count_if.format(is_loss),
         "loss_not_finite": d.count_if.format(f"{is_loss} AND NOT {finite}"),
         "loss_finite": d.count_if.format(f"{is_loss} AND {finite}"),
@@ -402,26 +526,24 @@ def minute_buckets(dialect: Dialect, table: str, selection: Selection, since: da
         "loss_sum_squares": f"SUM({when(f'{is_loss} AND {finite}', f'({offset}) * ({offset})')})",
         "loss_floor": f"MIN({when(f'{is_loss} AND {finite}', 'value')})",
         "loss_peak": f"MAX({when(f'{is_loss} AND {finite}', 'value')})",
-        "last_loss_at": f"MAX({when(is_loss, 'timestamp')})",
-        "job": newest_job(d),
-        "job_at": f"MAX({when(JOB_PRESENT, 'timestamp')})",
+        "last_loss_at": f"MAX({when(is_loss, t)})",
+        "job": newest_job(d, t),
+        "job_at": f"MAX({when(JOB_PRESENT, t)})",
     }
     for key, name in checks.items():
         mine, fine = f"name = {name}", f"name = {name} AND {finite}"
         columns[f"{key}_finite"] = d.count_if.format(fine)
         columns[f"{key}_sum"] = f"SUM({when(fine, 'value')})"
-        columns[f"{key}_last"] = d.newest.format(when(mine, "value"), when(mine, "timestamp"))
-        columns[f"{key}_last_at"] = f"MAX({when(mine, 'timestamp')})"
-        columns[f"{key}_last_finite"] = d.newest.format(when(fine, "value"), when(fine, "timestamp"))
-        columns[f"{key}_last_finite_at"] = f"MAX({when(fine, 'timestamp')})"
+        columns[f"{key}_last"] = d.newest.format(when(mine, "value"), when(mine, t))
+        columns[f"{key}_last_at"] = f"MAX({when(mine, t)})"
+        columns[f"{key}_last_finite"] = d.newest.format(when(fine, "value"), when(fine, t))
+        columns[f"{key}_last_finite_at"] = f"MAX({when(fine, t)})"
     listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
+    conditions = "\n  AND ".join(kept)
     return f"""SELECT
   {listed}
 FROM {quote_table(d, table)}
-WHERE {bounds}service = {service}
-  AND value IS NOT NULL
-  AND run_id <> ''
-  AND {runs}
+WHERE {conditions}
 GROUP BY {", ".join(_BUCKET_KEYS)}"""
 
 
@@ -435,6 +557,7 @@ def loss_buckets(
     *,
     aligned_to: str = "",
     whole_window_others: bool = False,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> str:
     """The SELECT reducing raw rows in [@start, @end) to the buckets' keys and loss columns.
 
@@ -453,15 +576,16 @@ def loss_buckets(
     d = dialect
     p = d.param.format
     params["metric"] = selection.metric
+    t = instant(d, shape)
     if aligned_to:
-        index = d.minutes_back.format("timestamp", p(aligned_to))
+        index = d.minutes_back.format(t, p(aligned_to))
         minute = d.minutes_earlier.format("bucket_minute", p(aligned_to))
     else:
-        index, minute = d.minute_index.format("timestamp"), d.index_minute.format("bucket_minute")
+        index, minute = d.minute_index.format(t), d.index_minute.format("bucket_minute")
     finite = d.finite.format("value")
     # The raw cluster is the key, named after the reduction: a string computed per group, not
     # per row. Each reader regroups by the named cluster, merging the spellings of `unknown`.
-    keys = ["cluster", "run_id", "execution_uid", f"{index} AS bucket_minute", "timestamp", "job_id"]
+    keys = ["cluster", "run_id", "execution_uid", f"{index} AS bucket_minute", as_timestamp(d, shape), "job_id"]
     losses = _raw_rows(
         d,
         table,
@@ -473,7 +597,8 @@ def loss_buckets(
             # The finite losses; NULL elsewhere, which every aggregate below skips.
             f"{d.if_.format(finite, 'value')} AS loss_value",
         ],
-        f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}\n    AND name = {p('metric')}",
+        f"{time_between(d, shape, params, start, end)}\n    AND name = {p('metric')}",
+        shape,
     )
     others = _raw_rows(
         d,
@@ -482,7 +607,8 @@ def loss_buckets(
         params,
         # A whole window's bucket takes its minute from its newest row: none per row.
         [k for k in keys if not k.endswith(" AS bucket_minute")] if whole_window_others else keys,
-        f"timestamp >= {p(start)}\n    AND timestamp < {p(end)}\n    AND (name IS NULL OR name <> {p('metric')})",
+        f"{time_between(d, shape, params, start, end)}\n    AND (name IS NULL OR name <> {p('metric')})",
+        shape,
     )
     offset = "loss_value - bucket_base"
     shared = {
@@ -563,6 +689,7 @@ def check_minutes(
     dense: bool,
     evals: bool,
     bucket: str,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> str:
     """The SELECT reducing raw rows to the check metrics' minutes: one row per run, attempt,
     minute (`bucket`, an integer key of `timestamp`) and metric name, each row going to its
@@ -585,9 +712,9 @@ def check_minutes(
         f"{bucket} AS bucket_minute",
         "name",
         "value",
-        "timestamp",
+        as_timestamp(d, shape),
         f"{d.if_.format(finite, 'value')} AS finite_value",
-        f"{d.if_.format(finite, 'timestamp')} AS finite_at",
+        f"{d.if_.format(finite, instant(d, shape))} AS finite_at",
     ]
     # One read per window, each filtering on its own time and names: an engine prunes the
     # dense metrics' read to its minutes and filters the day's rows by name as it scans them.
@@ -597,16 +724,16 @@ def check_minutes(
             params[f"{key}_metric"] = names[key]
         listed = ", ".join(p(f"{key}_metric") for key in DENSE_CHECK_METRICS)
         where = (
-            f"timestamp >= {p('checks_start')}\n    AND timestamp < {p('now')}\n"
+            f"{time_between(d, shape, params, 'checks_start', 'now')}\n"
             f"    AND name IN ({listed}) AND name <> {p('metric')} AND name <> {p('eval_metric')}"
         )
-        reads.append(_raw_rows(d, table, selection, params, columns, where))
+        reads.append(_raw_rows(d, table, selection, params, columns, where, shape))
     if evals:
         where = (
-            f"timestamp >= {p('eval_start')}\n    AND timestamp < {p('now')}\n"
+            f"{time_between(d, shape, params, 'eval_start', 'now')}\n"
             f"    AND name = {p('eval_metric')} AND name <> {p('metric')}"
         )
-        reads.append(_raw_rows(d, table, selection, params, columns, where))
+        reads.append(_raw_rows(d, table, selection, params, columns, where, shape))
     rows = "\n  UNION ALL\n  ".join(reads)
     return f"""SELECT
   run_cluster, run_id, execution_uid, bucket_minute, name,
@@ -657,6 +784,7 @@ def bucket_groups_query(
     end: datetime,
     *,
     telemetry_table: str,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> Query:
     """The watched runs' loss buckets in [start, end), per attempt, clock minute and loss base.
 
@@ -667,7 +795,7 @@ def bucket_groups_query(
     params: dict[str, object] = {}
     # The backtest replays the loss reasons: the checks' columns are not computed.
     params.update(rows_start=start, rows_end=end)
-    buckets = loss_buckets(d, telemetry_table, selection, params, "rows_start", "rows_end")
+    buckets = loss_buckets(d, telemetry_table, selection, params, "rows_start", "rows_end", shape=shape)
     source = f"(\n{buckets}\n) AS buckets"
     attempt = _attempt_filter(d, selection, params)
     loss = ",\n  ".join(f"{_merged(c, d.if_.format(attempt, c))} AS {c}" for c in _LOSS_COLUMNS)
@@ -684,7 +812,7 @@ def bucket_groups_query(
   MAX(job_at) AS job_at
 FROM {source}
 GROUP BY run_cluster, run_id, execution_uid, minute, loss_base"""
-    return Query(sql, params)
+    return _query(d, sql, params)
 
 
 def check_buckets_query(
@@ -695,6 +823,7 @@ def check_buckets_query(
     dense_start: datetime | None = None,
     *,
     telemetry_table: str,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> Query:
     """The watched runs' check-metric buckets in [start, end), per attempt and clock minute:
     the backtest's replay of the checks. Only the check metrics' rows are reduced, so a run
@@ -704,7 +833,14 @@ def check_buckets_query(
     p = d.param.format
     params: dict[str, object] = {"now": end, "checks_start": dense_start or start, "eval_start": start}
     reduced = check_minutes(
-        d, telemetry_table, selection, params, dense=True, evals=True, bucket=d.minute_index.format("timestamp")
+        d,
+        telemetry_table,
+        selection,
+        params,
+        dense=True,
+        evals=True,
+        bucket=d.minute_index.format(instant(d, shape)),
+        shape=shape,
     )
     is_eval = f"name = {p('eval_metric')}"
     evaluation = {
@@ -732,7 +868,7 @@ FROM (
 {reduced}
 ) AS check_minutes
 GROUP BY run_cluster, run_id, execution_uid, bucket_minute"""
-    return Query(sql, params)
+    return _query(d, sql, params)
 
 
 # The parts of a tick's read, each a UNION ALL branch over the minute buckets.
@@ -768,6 +904,7 @@ def tick_read_query(
     *,
     telemetry_table: str,
     rollup_table: str = "",
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> Query:
     """One tick's read of the minute buckets: four parts in one statement.
 
@@ -782,7 +919,8 @@ def tick_read_query(
     if rollup_table:
         parts = _view_parts(dialect, selection, windows, rollup_table, params)
         return Query("\nUNION ALL\n".join(parts), params)
-    return _raw_read(dialect, selection, windows, telemetry_table, params)
+    query = _raw_read(dialect, selection, windows, telemetry_table, params, shape)
+    return _query(dialect, query.sql, query.params)
 
 
 def _part(dialect: Dialect, part: str, chosen: dict[str, str]) -> str:
@@ -902,7 +1040,12 @@ def _merged(column: str, value: str) -> str:
 
 
 def _history_blocks(
-    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], judged: Callable[[str], str]
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object],
+    judged: Callable[[str], str],
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> str:
     """The history part from raw telemetry: the loss's rows before the hour reduced straight
     to ten-minute blocks (a finite count and sum each), never to minutes: slow divergence
@@ -912,7 +1055,7 @@ def _history_blocks(
     reader sums) and by a block number: no per-row string or minute to compute."""
     d = dialect
     p = d.param.format
-    back = d.minutes_back.format("timestamp", p("now"))
+    back = d.minutes_back.format(instant(d, shape), p("now"))
     # Minutes 1-10 before the hour are block 1, 11-20 block 2, ...
     block = d.ceil_div.format(f"({back} - {p('hour_minutes')})", HISTORY_BLOCK_MINUTES)
     finite = d.finite.format("value")
@@ -928,7 +1071,8 @@ def _history_blocks(
             f"{block} AS block",
             f"{d.if_.format(finite, 'value')} AS loss_value",
         ],
-        f"timestamp >= {p('history_start')}\n    AND timestamp < {p('hour_start')}\n    AND name = {p('metric')}",
+        f"{time_between(d, shape, params, 'history_start', 'hour_start')}\n    AND name = {p('metric')}",
+        shape,
     )
     chosen = {
         "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
@@ -946,7 +1090,12 @@ def _history_blocks(
 
 
 def _raw_read(
-    dialect: Dialect, selection: Selection, windows: TickWindows, telemetry_table: str, params: dict[str, object]
+    dialect: Dialect,
+    selection: Selection,
+    windows: TickWindows,
+    telemetry_table: str,
+    params: dict[str, object],
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> Query:
     """The four parts from raw telemetry, each reduction reading only its rows: `buckets`,
     every metric's rows of the hour; `check_minutes`, the check metrics' rows of their
@@ -959,7 +1108,15 @@ def _raw_read(
     history = windows.history > windows.hour
     params["hour_start"] = now - timedelta(minutes=windows.hour)
     buckets = loss_buckets(
-        d, telemetry_table, selection, params, "hour_start", "now", aligned_to="now", whole_window_others=True
+        d,
+        telemetry_table,
+        selection,
+        params,
+        "hour_start",
+        "now",
+        aligned_to="now",
+        whole_window_others=True,
+        shape=shape,
     )
     reductions = [f"buckets AS (\n{buckets}\n)"]
     if windows.checks or windows.eval:
@@ -967,7 +1124,7 @@ def _raw_read(
             params["checks_start"] = now - timedelta(minutes=windows.checks)
         if windows.eval:
             params["eval_start"] = now - timedelta(minutes=windows.eval)
-        minutes_back = d.minutes_back.format("timestamp", p("now"))
+        minutes_back = d.minutes_back.format(instant(d, shape), p("now"))
         reduced = check_minutes(
             d,
             telemetry_table,
@@ -976,6 +1133,7 @@ def _raw_read(
             dense=bool(windows.checks),
             evals=bool(windows.eval),
             bucket=minutes_back,
+            shape=shape,
         )
         reductions.append(f"check_minutes AS (\n{reduced}\n)")
     attempt = _attempt_filter(d, selection, params)
@@ -1018,7 +1176,7 @@ def _raw_read(
     if history:
         params["history_start"] = now - timedelta(minutes=windows.history)
         params["hour_minutes"] = windows.hour
-        parts.append(_history_blocks(d, telemetry_table, selection, params, judged))
+        parts.append(_history_blocks(d, telemetry_table, selection, params, judged, shape))
     return Query(f"WITH {', '.join(reductions)}\n" + "\nUNION ALL\n".join(parts), params)
 
 
@@ -1085,22 +1243,28 @@ def append_sql(alerts_table: str, columns: tuple[str, ...]) -> str:
 
 
 def run_samples_query(
-    dialect: Dialect, table: str, selection: Selection, cluster: str, start: datetime, end: datetime
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    cluster: str,
+    start: datetime,
+    end: datetime,
+    *,
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> Query:
     """The loss samples of the selection's one run on `cluster` in [start, end), oldest first.
 
     Filtered by the same samples CTE as the tick query, so a plot's dots are the
     values the windows reduce.
     """
-    params: dict[str, object] = {"cluster": cluster}
-    samples = samples_cte(dialect, table, selection, params, "start", "end")
-    params.update(start=start, end=end)
+    params: dict[str, object] = {"cluster": cluster, "start": start, "end": end}
+    samples = samples_cte(dialect, table, selection, params, "start", "end", shape=shape)
     sql = f"""{samples}
 SELECT timestamp, value
 FROM samples
 WHERE is_loss AND cluster = {dialect.param.format("cluster")}
 ORDER BY timestamp"""
-    return Query(sql, params)
+    return _query(dialect, sql, params)
 
 
 # Stand-ins replaced by Terraform's templatefile() placeholders in the view's template.
@@ -1114,26 +1278,48 @@ _TEMPLATE_VALUES = {
 }
 
 
-def rollup_view_query(telemetry_table: str, selection: Selection, since: datetime) -> str:
+def rollup_view_query(
+    telemetry_table: str, selection: Selection, since: datetime, shape: TelemetryShape = CONTRACT_SHAPE
+) -> str:
     """The rollup view's query: minute buckets of the selection's runs from `since` on.
 
     Explicit run IDs are not part of a view: a view for a list of runs is built
     with a pattern covering them, and each tick reads the listed runs from it.
     """
-    return minute_buckets(BIGQUERY, telemetry_table, selection, since=since)
+    return minute_buckets(BIGQUERY, telemetry_table, selection, since=since, shape=shape)
 
 
-def rollup_view_template() -> str:
-    """rollup_view_query with Terraform placeholders, the text of terraform/sql/loss_spike_minutes.sql."""
+def rollup_template_name(shape_name: str = "contract", process: str = "0") -> str:
+    """The file in terraform/sql/ holding the rollup view's template for a telemetry shape (a key of
+    schema.SHAPES, Terraform's `telemetry_shape`) and the `process` setting. A view takes no
+    parameters, so each shape's filters and time column are a template of their own."""
+    if shape_name == "contract":
+        return "loss_spike_minutes.sql"
+    return f"loss_spike_minutes_{shape_name.replace('.', '_')}{'_any_process' if process == 'any' else ''}.sql"
+
+
+# Every (shape, process) pair with a template of its own (`process` changes nothing without process_index).
+ROLLUP_TEMPLATES = {
+    rollup_template_name(name, process): (name, process)
+    for name in SHAPES
+    for process in (("0",) if SHAPES[name].process_type is None else ("0", "any"))
+}
+
+
+def rollup_view_template(shape: TelemetryShape = CONTRACT_SHAPE, process: str = "0") -> str:
+    """rollup_view_query with Terraform placeholders, the text of terraform/sql/loss_spike_minutes.sql
+    (or, for another shape, of the file rollup_template_name names)."""
     text = rollup_view_query(
         "lossspike_template_project.lossspike_template_dataset.lossspike_template_table",
         Selection(
             service="lossspike_template_service",
             metric="lossspike_template_metric",
             run_pattern="lossspike_template_pattern",
+            process=process,
             **{f"{key}_metric": f"lossspike_template_{key}_metric" for key in CHECK_METRICS},
         ),
         datetime(2001, 2, 3, 4, 5, 6, tzinfo=UTC),
+        shape,
     )
     for stand_in, placeholder in _TEMPLATE_VALUES.items():
         text = text.replace(stand_in, placeholder)

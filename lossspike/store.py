@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from lossspike.deadline import Deadline
 from lossspike.overrides import OverrideRow
+from lossspike.schema import TelemetryShape
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, TickWindows
 
@@ -38,6 +39,10 @@ class Store(Protocol):
 
     def fetch(self, query: Query, deadline: Deadline | None = None) -> pa.Table:
         """Run one read-only query; its result as an Arrow table."""
+        ...
+
+    def telemetry_shape(self) -> TelemetryShape:
+        """The telemetry table's shape, read from its schema (the time column, process_index, ...)."""
         ...
 
     def read_tick(self, settings: Settings, windows: TickWindows, deadline: Deadline | None = None) -> TickRead:

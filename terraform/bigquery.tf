@@ -75,21 +75,57 @@ resource "google_bigquery_table" "telemetry" {
   labels              = local.labels
   clustering          = ["name", "run_id"]
 
-  time_partitioning {
-    type  = var.telemetry_partition_type
-    field = "timestamp"
+  # The contract's TIMESTAMP: partitioned by time.
+  dynamic "time_partitioning" {
+    for_each = local.telemetry_time_column == "timestamp" ? [1] : []
+    content {
+      type  = var.telemetry_partition_type
+      field = "timestamp"
+    }
   }
 
-  schema = jsonencode([
-    { name = "timestamp", type = "TIMESTAMP", mode = "REQUIRED", description = "When the sample was recorded." },
-    { name = "service", type = "STRING", mode = "NULLABLE", description = "Emitting service, e.g. levanter." },
-    { name = "name", type = "STRING", mode = "NULLABLE", description = "Metric name, e.g. train_loss." },
-    { name = "value", type = "FLOAT64", mode = "NULLABLE", description = "Metric value; may be NULL, NaN or infinite." },
-    { name = "cluster", type = "STRING", mode = "NULLABLE", description = "Cluster the run trains on; may be NULL or empty." },
-    { name = "run_id", type = "STRING", mode = "NULLABLE", description = "Training run ID." },
-    { name = "job_id", type = "STRING", mode = "NULLABLE", description = "Scheduler job ID; may be NULL." },
-    { name = "execution_uid", type = "STRING", mode = "NULLABLE", description = "Attempt ID; may be NULL." },
-  ])
+  # Levanter's INT64 epoch milliseconds: integer-range partitions on the stored column, so a
+  # window's integer bounds (lossspike.sql.time_bound) prune them as a TIMESTAMP filter prunes days
+  # (https://cloud.google.com/bigquery/docs/creating-integer-range-partitions: the column must be
+  # a top-level INTEGER). One day per partition from 2024-01-01 UTC: a table holds at most 10,000
+  # partitions (https://cloud.google.com/bigquery/quotas#partitioned_tables), 27 years of days
+  # and too few hours, so HOUR applies to a TIMESTAMP table only.
+  dynamic "range_partitioning" {
+    for_each = local.telemetry_time_column == "timestamp_ms" ? [1] : []
+    content {
+      field = "timestamp_ms"
+      range {
+        start    = local.telemetry_ms_start
+        end      = local.telemetry_ms_start + 10000 * 86400000
+        interval = 86400000
+      }
+    }
+  }
+
+  schema = jsonencode(concat(
+    [
+      local.telemetry_time_column == "timestamp"
+      ? { name = "timestamp", type = "TIMESTAMP", mode = "REQUIRED", description = "When the sample was recorded." }
+      : { name = "timestamp_ms", type = "INT64", mode = "REQUIRED", description = "When the sample was recorded, in epoch milliseconds." },
+    ],
+    var.telemetry_shape == "levanter.metrics" ? [] : [
+      { name = "service", type = "STRING", mode = "NULLABLE", description = "Emitting service, e.g. levanter." },
+    ],
+    [
+      { name = "name", type = "STRING", mode = "NULLABLE", description = "Metric name, e.g. train_loss." },
+      { name = "value", type = "FLOAT64", mode = "NULLABLE", description = "Metric value; may be NULL, NaN or infinite." },
+      { name = "cluster", type = "STRING", mode = "NULLABLE", description = "Cluster the run trains on; may be NULL or empty." },
+      { name = "run_id", type = "STRING", mode = "NULLABLE", description = "Training run ID." },
+      { name = "job_id", type = "STRING", mode = "NULLABLE", description = "Scheduler job ID; may be NULL." },
+      { name = "execution_uid", type = "STRING", mode = "NULLABLE", description = "Attempt ID; may be NULL." },
+    ],
+    var.telemetry_shape == "contract" ? [] : [
+      { name = "process_index", type = var.telemetry_shape == "telemetry_v1" ? "STRING" : "INT64", mode = "NULLABLE", description = "JAX process; only process 0's rows count by default (process)." },
+      { name = "step", type = "INT64", mode = "NULLABLE", description = "Training step." },
+      { name = "kind", type = "STRING", mode = "NULLABLE", description = "scalar/summary/histogram (levanter.metrics) or gauge/counter/... (telemetry_v1)." },
+      { name = "seq", type = "INT64", mode = "NULLABLE", description = "Write-order counter." },
+    ],
+  ))
 
   # The dataset may be the one this module creates.
   depends_on = [google_bigquery_dataset.alerts]
@@ -135,9 +171,17 @@ resource "google_bigquery_table" "rollup" {
   # Metric role, then minute: see the comment above.
   clustering = ["metric", "minute", "run_id"]
 
-  time_partitioning {
-    type  = var.telemetry_partition_type
-    field = "minute"
+  # On a timestamp_ms table (integer-range partitioned) the view is not partitioned: a partitioned
+  # materialized view must be partitioned like its base table, on the same column
+  # (https://cloud.google.com/bigquery/docs/materialized-views-create#partitioned_materialized_views),
+  # and the view's rows have a minute, not timestamp_ms. Its clustering on role and minute still
+  # prunes a tick's read to its windows' blocks.
+  dynamic "time_partitioning" {
+    for_each = local.telemetry_time_column == "timestamp" ? [1] : []
+    content {
+      type  = var.telemetry_partition_type
+      field = "minute"
+    }
   }
 
   materialized_view {
@@ -145,7 +189,7 @@ resource "google_bigquery_table" "rollup" {
     # absorbs a backlog after an outage outside the tick's byte cap.
     enable_refresh      = true
     refresh_interval_ms = var.rollup_refresh_interval_minutes * 60000
-    query = templatefile("${path.module}/sql/loss_spike_minutes.sql", merge(
+    query = templatefile("${path.module}/sql/${local.rollup_template}", merge(
       { for key, name in local.check_metrics : "${key}_metric" => name },
       {
         telemetry_table = var.telemetry_table
@@ -171,6 +215,7 @@ resource "time_static" "rollup_built" {
     metric          = var.metric_name
     run_pattern     = local.rollup_run_pattern
     check_metrics   = jsonencode(local.check_metrics)
+    template        = local.rollup_template
   }
 }
 

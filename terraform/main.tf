@@ -10,7 +10,17 @@ locals {
   alerts_table_name = "loss_spike_alerts"
   alerts_table_id   = "${var.project_id}.${var.dataset_id}.${local.alerts_table_name}"
   rollup_table_name = "loss_spike_minutes"
-  rollup_table_id   = "${var.project_id}.${var.dataset_id}.${local.rollup_table_name}"
+  # The rollup view's template for the table's shape and the process setting
+  # (lossspike.sql.rollup_template_name; tests/test_terraform.py checks every one is generated).
+  rollup_template = var.telemetry_shape == "contract" ? "loss_spike_minutes.sql" : format(
+    "loss_spike_minutes_%s%s.sql", replace(var.telemetry_shape, ".", "_"), var.process == "any" ? "_any_process" : ""
+  )
+  # Levanter's shapes keep time as INT64 epoch milliseconds (levanter-telemetry-facts.md 1a, 1b).
+  telemetry_time_column = var.telemetry_shape == "contract" ? "timestamp" : "timestamp_ms"
+  # 2024-01-01T00:00:00Z in epoch milliseconds: the first integer-range partition of a created
+  # timestamp_ms table (Levanter's telemetry starts in 2026).
+  telemetry_ms_start = 1704067200000
+  rollup_table_id    = "${var.project_id}.${var.dataset_id}.${local.rollup_table_name}"
   # A view cannot take a list of runs as a parameter: with run_ids it holds every run of the
   # service, and each tick reads the listed ones.
   rollup_run_pattern = length(var.run_ids) > 0 ? "%" : var.run_pattern
@@ -81,6 +91,7 @@ locals {
       LOSSSPIKE_RUN_PATTERN          = var.run_pattern
       LOSSSPIKE_METRIC               = var.metric_name
       LOSSSPIKE_SERVICE              = var.service_name
+      LOSSSPIKE_PROCESS              = var.process
       LOSSSPIKE_BASELINE_MINUTES     = tostring(var.baseline_minutes)
       LOSSSPIKE_RECENT_MINUTES       = tostring(var.recent_minutes)
       LOSSSPIKE_SIGMA                = tostring(var.sigma)

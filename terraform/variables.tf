@@ -84,6 +84,28 @@ variable "telemetry_partition_type" {
   }
 }
 
+variable "telemetry_shape" {
+  description = "Which shape telemetry_table has (docs/data-contracts.md): \"contract\" (TIMESTAMP `timestamp`, a `service` column), \"levanter.metrics\" (Finelog's: INT64 `timestamp_ms` epoch milliseconds, INT64 `process_index`, `kind`, `seq`, no `service`) or \"telemetry_v1\" (`timestamp_ms`, STRING `process_index`, `service`, `kind`). The function reads the shape from the table's schema; the rollup view, which takes no parameters, is built from the template of this shape (terraform/sql/), and a created table gets its columns and partitioning."
+  type        = string
+  default     = "contract"
+
+  validation {
+    condition     = contains(["contract", "levanter.metrics", "telemetry_v1"], var.telemetry_shape)
+    error_message = "The telemetry_shape must be \"contract\", \"levanter.metrics\" or \"telemetry_v1\"."
+  }
+}
+
+variable "process" {
+  description = "Whose rows count where the telemetry table has process_index: \"0\" (Levanter's process 0; before Aug 2026 every process published every metric) or \"any\"."
+  type        = string
+  default     = "0"
+
+  validation {
+    condition     = contains(["0", "any"], var.process)
+    error_message = "The process must be \"0\" or \"any\"."
+  }
+}
+
 variable "grant_telemetry_access" {
   description = "Grant the function roles/bigquery.dataViewer on telemetry_table. Set false if you grant read access yourself (e.g. on the tables behind an adapter view)."
   type        = bool

@@ -23,14 +23,17 @@ ROLLUP_DESIGNS = ("rollup, HOUR partitions", "rollup, DAY partitions")
 @pytest.mark.parametrize("runs", RUNS)
 @pytest.mark.parametrize("design", ROLLUP_DESIGNS)
 @pytest.mark.parametrize("rules", ["seed", "defaults"])
-def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at_any_time(runs, design, rules):
+# Levanter's real shapes read process_index and kind of every row too (docs/data-contracts.md);
+# the floor stays the contract's eight columns (SPEC "Cost").
+@pytest.mark.parametrize("shape", ["contract", "levanter.metrics", "telemetry_v1"])
+def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at_any_time(runs, design, rules, shape):
     # SPEC "Cost": the new rows plus 10 MiB for each of the three other reads, x 1.15 with the seed
     # rule and x 1.3 with the detectors and checks, counting only the pruning BigQuery documents for
     # filters on the leading clustering columns (https://cloud.google.com/bigquery/docs/querying-clustered-tables):
     # the view is clustered by (metric, minute), every part of the read filters both; the alerts
     # table by evaluated_at first (terraform/bigquery.tf).
     seed = rules == "seed"
-    fleet = cost.Fleet(runs=runs, detectors=() if seed else cost.DETECTORS, checks=not seed)
+    fleet = cost.Fleet(runs=runs, detectors=() if seed else cost.DETECTORS, checks=not seed, shape=shape)
     report = cost.estimate(fleet)
     ticks = report["designs"][design]["at"]
     assert set(ticks) == {"00:10", "12:00", "23:50"}
@@ -84,10 +87,12 @@ def test_the_raw_query_grows_with_the_time_of_day():
 
 @pytest.mark.parametrize("runs", RUNS)
 @pytest.mark.parametrize("partition", ["HOUR", "DAY"])
-def test_the_arithmetic_prices_what_the_tick_statements_bill(runs, partition):
+@pytest.mark.parametrize("shape", ["contract", "levanter.metrics", "telemetry_v1"])
+def test_the_arithmetic_prices_what_the_tick_statements_bill(runs, partition, shape):
     # `lossspike cost` is arithmetic (it must run without sqlglot); the benchmark prices the SQL a
-    # tick sends. Both must say the same for the statements the store builds today.
-    fleet = cost.Fleet(runs=runs, partition=partition)
+    # tick sends. Both must say the same for the statements the store builds today, on every shape
+    # (on timestamp_ms the bounds are integer parameters on the stored column).
+    fleet = cost.Fleet(runs=runs, partition=partition, shape=shape)
     models = cost.statement_models(fleet)
     for clock in cost.TIMES_OF_DAY:
         now = cost._at(clock, cost.DAY)

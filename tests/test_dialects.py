@@ -20,7 +20,7 @@ from lossspike.cost import actual_query
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_SCHEMA, overrides_select
 from lossspike.rule import Thresholds
-from lossspike.schema import ALERT_COLUMNS
+from lossspike.schema import ALERT_COLUMNS, SHAPES
 from lossspike.sql import (
     BIGQUERY,
     DUCKDB,
@@ -106,6 +106,28 @@ BIGQUERY_STATEMENTS: dict[str, Callable[[Selection], Query | str]] = {
     "cost --actual": lambda sel: actual_query(NOW, "US"),
     "plot samples": _plot_samples,
 }
+
+
+# The statements that read raw telemetry, built for Levanter's real shapes (timestamp_ms,
+# process_index, kind; lossspike.schema.SHAPES): TIMESTAMP_MILLIS and UNIX_MILLIS are GoogleSQL
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/timestamp_functions).
+for _shape in ("levanter.metrics", "telemetry_v1"):
+    _s = SHAPES[_shape]
+    BIGQUERY_STATEMENTS[f"{_shape}: tick window query (raw)"] = lambda sel, s=_s: loss_window_query(
+        BIGQUERY, TABLE, NOW, Thresholds(), sel, shape=s
+    )
+    BIGQUERY_STATEMENTS[f"{_shape}: tick read from raw telemetry"] = lambda sel, s=_s: tick_read_query(
+        BIGQUERY, sel, WINDOWS, telemetry_table=TABLE, shape=s
+    )
+    BIGQUERY_STATEMENTS[f"{_shape}: backtest buckets"] = lambda sel, s=_s: bucket_groups_query(
+        BIGQUERY, sel, NOW - timedelta(hours=1), NOW, telemetry_table=TABLE, shape=s
+    )
+    BIGQUERY_STATEMENTS[f"{_shape}: rollup view"] = lambda sel, s=_s: rollup_view_query(
+        TABLE, replace(sel, run_ids=()), NOW, s
+    )
+    BIGQUERY_STATEMENTS[f"{_shape}: plot samples"] = lambda sel, s=_s: run_samples_query(
+        BIGQUERY, TABLE, sel, "c1", NOW - timedelta(hours=1), NOW, shape=s
+    )
 
 
 @pytest.mark.parametrize("selection", SELECTIONS, ids=str)

@@ -142,6 +142,73 @@ def test_the_type_contract_reads_bigquery_schemas_too():
     assert "column 'run_id' is INT64" in telemetry_type_problem({**good, "run_id": "INT64"}, "bigquery")
 
 
+def _reshaped(path: Path, *statements: str) -> Path:
+    """The fleet's database with `statements` run on it (ALTER TABLE telemetry ...)."""
+    write_database(path, fleet())
+    with duckdb.connect(str(path)) as connection:
+        for statement in statements:
+            connection.execute(statement)
+    return path
+
+
+_MS = "CAST(epoch_ms(timestamp) AS BIGINT)"
+
+
+@pytest.mark.parametrize(
+    ("statements", "shown"),
+    [
+        # Both time columns: which one is the sample's time would be a guess.
+        (
+            ("ALTER TABLE telemetry ADD COLUMN timestamp_ms BIGINT DEFAULT 0",),
+            "has both 'timestamp' and 'timestamp_ms'",
+        ),
+        (('ALTER TABLE telemetry RENAME COLUMN "timestamp" TO ts',), "no time column: needs 'timestamp'"),
+        (
+            (
+                'ALTER TABLE telemetry RENAME COLUMN "timestamp" TO timestamp_ms',
+                "ALTER TABLE telemetry ALTER timestamp_ms SET DATA TYPE DOUBLE USING epoch(timestamp_ms)",
+            ),
+            "column 'timestamp_ms' is DOUBLE, not BIGINT",
+        ),
+        (("ALTER TABLE telemetry ADD COLUMN process_index DOUBLE DEFAULT 0",), "column 'process_index' is DOUBLE"),
+        (("ALTER TABLE telemetry ADD COLUMN seq VARCHAR DEFAULT '1'",), "column 'seq' is VARCHAR, not BIGINT"),
+    ],
+)
+def test_a_time_process_or_seq_column_the_contract_does_not_accept_is_refused_in_one_line(tmp_path, statements, shown):
+    db = _reshaped(tmp_path / "t.duckdb", *statements)
+    line = one_line_error(evaluate_json(db, "--no-write"), 1)
+    assert shown in line and "telemetry" in line, line
+
+
+def test_a_levanter_shaped_file_is_read_not_refused(tmp_path):
+    """The same fleet with Levanter's epoch-millisecond time and an INT64 process_index: the same verdicts."""
+    db = _reshaped(
+        tmp_path / "t.duckdb",
+        "ALTER TABLE telemetry ADD COLUMN timestamp_ms BIGINT DEFAULT 0",
+        f"UPDATE telemetry SET timestamp_ms = {_MS}",
+        'ALTER TABLE telemetry DROP COLUMN "timestamp"',
+        "ALTER TABLE telemetry ADD COLUMN process_index BIGINT DEFAULT 0",
+    )
+    result = evaluate_json(db, "--no-write")
+    assert result.returncode == 0, result.stderr
+    assert verdicts(result.stdout) == WANT
+
+
+def test_the_shape_contract_reads_bigquery_schemas_too():
+    good = {"timestamp_ms": "INTEGER", "value": "FLOAT", "run_id": "STRING", "process_index": "STRING", "seq": "INT64"}
+    assert telemetry_type_problem(good, "bigquery") is None
+    both = telemetry_type_problem({**good, "timestamp": "TIMESTAMP"}, "bigquery", "p.d.t")
+    assert both.startswith("table 'p.d.t': has both 'timestamp' and 'timestamp_ms'") and "\n" not in both
+    neither = telemetry_type_problem({k: v for k, v in good.items() if k != "timestamp_ms"}, "bigquery")
+    assert "no time column" in neither and "INT64" in neither
+    assert "column 'timestamp_ms' is FLOAT" in telemetry_type_problem({**good, "timestamp_ms": "FLOAT"}, "bigquery")
+    problem = telemetry_type_problem({**good, "process_index": "FLOAT64"}, "bigquery")
+    assert "column 'process_index' is FLOAT64, not INTEGER or INT64 or STRING" in problem, problem
+    assert "column 'seq' is STRING" in telemetry_type_problem({**good, "seq": "STRING"}, "bigquery")
+    # A numeric `timestamp` names the column that holds epoch milliseconds.
+    assert "timestamp_ms" in telemetry_type_problem({"timestamp": "INT64", "value": "FLOAT"}, "bigquery")
+
+
 # --- 2. Overflow ---------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ def test_every_variable_is_read():
         "LOSSSPIKE_MONITORING": "false",
         "LOSSSPIKE_DATABASE": "x.duckdb",
         "LOSSSPIKE_SERVICE": "lev",
+        "LOSSSPIKE_PROCESS": "any",
         "LOSSSPIKE_METRIC": "loss",
         "LOSSSPIKE_RUN_PATTERN": "big-%",
         "LOSSSPIKE_RUN_IDS": "a, b",
@@ -72,7 +73,7 @@ def test_every_variable_is_read():
     assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20, **CHANGED_THRESHOLDS)
     metrics = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
     assert s.selection == Selection(
-        "lev", "loss", run_pattern="big-%", run_ids=("a", "b"), execution_uids=("e1",), **metrics
+        "lev", "loss", run_pattern="big-%", run_ids=("a", "b"), execution_uids=("e1",), process="any", **metrics
     )
     assert (s.detectors, s.attempts, s.checks) == (("instability",), "all", ("grad_norm_high", "mfu_low"))
 
@@ -90,6 +91,7 @@ def test_every_variable_is_read():
         ("LOSSSPIKE_MIN_BASELINE_SAMPLES", "", "positive integer"),
         ("LOSSSPIKE_MIN_RECENT_SAMPLES", "-1", "positive integer"),
         ("LOSSSPIKE_REFERENCE", "median", "mean, floor"),
+        ("LOSSSPIKE_PROCESS", "1", "0, any"),
         ("LOSSSPIKE_TELEMETRY_TABLE", "t`; DROP", "invalid table name"),
         ("LOSSSPIKE_ALERTS_TABLE", "a b", "invalid table name"),
         ("LOSSSPIKE_METRIC_PREFIX", "external.googleapis.com/x", "custom.googleapis.com/"),

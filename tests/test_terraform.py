@@ -19,8 +19,16 @@ import pytest
 
 from lossspike.checks import EVAL_LOOKBACK_MINUTES
 from lossspike.rule import PAGING_REASONS, Thresholds
+from lossspike.schema import SHAPES
 from lossspike.settings import OPTIONS, load_settings
-from lossspike.sql import CHECK_METRICS, Selection, rollup_view_query, rollup_view_template
+from lossspike.sql import (
+    CHECK_METRICS,
+    ROLLUP_TEMPLATES,
+    Selection,
+    rollup_template_name,
+    rollup_view_query,
+    rollup_view_template,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
@@ -679,6 +687,70 @@ def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: d
 
 def test_rollup_template_is_generated_from_the_python_definition() -> None:
     assert (MODULE / "sql" / "loss_spike_minutes.sql").read_text() == rollup_view_template()
+    # One template per telemetry shape and process setting, each the Python definition.
+    for name, (shape, process) in ROLLUP_TEMPLATES.items():
+        assert (MODULE / "sql" / name).read_text() == rollup_view_template(SHAPES[shape], process), name
+    shipped = {p.name for p in (MODULE / "sql").glob("loss_spike_minutes*.sql")}
+    assert shipped == set(ROLLUP_TEMPLATES)
+
+
+@pytest.fixture(scope="session")
+def levanter_plan(workdir: Path) -> dict:
+    """The module planned for Finelog's levanter.metrics shape (timestamp_ms, INT64 process_index)."""
+    _run(
+        [
+            str(TERRAFORM),
+            "plan",
+            "-refresh=false",
+            "-input=false",
+            "-no-color",
+            "-lock=false",
+            "-var-file=example.tfvars.json",
+            "-var",
+            "telemetry_shape=levanter.metrics",
+            "-out=levanter.tfplan",
+        ],
+        workdir,
+    )
+    return json.loads(_run([str(TERRAFORM), "show", "-json", "levanter.tfplan"], workdir).stdout)
+
+
+def test_a_timestamp_ms_table_gets_its_own_view_and_integer_range_partitions(levanter_plan: dict) -> None:
+    view = _after(levanter_plan, "google_bigquery_table.rollup[0]")
+    want = rollup_view_query(
+        EXAMPLE_VARS["telemetry_table"],
+        Selection(service="levanter2", metric="loss", run_pattern="%", **METRIC_VARS),
+        datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
+        SHAPES["levanter.metrics"],
+    )
+    assert view["materialized_view"][0]["query"].strip() == want.strip()
+    # Bounded on the stored integer, process 0 only, sample kinds; no service column to filter.
+    assert "timestamp_ms >= UNIX_MILLIS(TIMESTAMP '2026-11-30 10:00:00')" in want
+    assert "process_index = 0" in want and "service" not in want
+    # A partitioned materialized view must be partitioned like its base table, on the same column
+    # (https://cloud.google.com/bigquery/docs/materialized-views-create#partitioned_materialized_views):
+    # the view's rows have no timestamp_ms, so it is clustered only.
+    assert view["time_partitioning"] == [] and view["clustering"] == ["metric", "minute", "run_id"]
+    table = _after(levanter_plan, "google_bigquery_table.telemetry[0]")
+    assert table["time_partitioning"] == []
+    # Integer-range partitioning needs a top-level INTEGER column
+    # (https://cloud.google.com/bigquery/docs/creating-integer-range-partitions); one day a partition.
+    [ranges] = table["range_partitioning"]
+    assert ranges["field"] == "timestamp_ms" and ranges["range"][0]["interval"] == 86400000
+    # 10,000 partitions at most per table (https://cloud.google.com/bigquery/quotas#partitioned_tables).
+    assert (ranges["range"][0]["end"] - ranges["range"][0]["start"]) // 86400000 == 10000
+    columns = {c["name"]: c["type"] for c in json.loads(table["schema"])}
+    assert columns["timestamp_ms"] == "INT64" and columns["process_index"] == "INT64" and "service" not in columns
+    env = _after(levanter_plan, "google_cloudfunctions2_function.evaluator")["service_config"][0][
+        "environment_variables"
+    ]
+    assert env["LOSSSPIKE_PROCESS"] == "0"
+
+
+@pytest.mark.parametrize(("shape", "process"), [("contract", "0"), ("telemetry_v1", "any"), ("levanter.metrics", "0")])
+def test_the_view_template_follows_the_shape_and_process(workdir: Path, shape: str, process: str) -> None:
+    got = _console(workdir, "local.rollup_template", "-var", f"telemetry_shape={shape}", "-var", f"process={process}")
+    assert got == f'"{rollup_template_name(shape, process)}"'
 
 
 def test_overrides_table_has_the_python_schema(plan: dict) -> None:

@@ -1,0 +1,81 @@
+"""Levanter's real table shapes on the BigQuery emulator: raw read and rollup view, same rows as DuckDB.
+
+The parity fleet (tests/test_parity_cloud.py: every detector's incident and every default check)
+is stored in the contract's shape on DuckDB, and in `levanter.metrics`' and `telemetry_v1`'s
+shapes (tests/shapes.py, ../shared/levanter-telemetry-facts.md 1a, 1b) in the emulator, each row
+published by three processes; `evaluate` through the real google-cloud-bigquery client must give
+DuckDB's rows, from raw telemetry and from the `loss_spike_minutes` view built on the table's own
+time column. The 704-copies case runs here too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from conftest import NOW, store_with
+from servers import bigquery as bqserver
+from shapes import create_bigquery, insert_bigquery, shaped_rows, whole_ms
+from test_parity_cloud import THRESHOLDS, assert_same_rows, fleet
+from test_shapes import PROCESSES, slow_run
+
+from lossspike.bigquery_store import BigQueryStore
+from lossspike.evaluate import evaluate
+from lossspike.schema import SHAPES
+from lossspike.settings import Settings
+from lossspike.sql import Selection, rollup_view_query
+
+PROJECT = "lossspike-shapes"
+REAL_SHAPES = ("levanter.metrics", "telemetry_v1")
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with bqserver.bigquery_emulator(PROJECT) as endpoint:
+        yield bqserver.make_client(endpoint, PROJECT)
+
+
+def _deploy(client, shape: str, rows: list[dict], view: bool) -> Settings:
+    dataset = f"{PROJECT}.shape_{uuid.uuid4().hex[:8]}"
+    telemetry, alerts, rollup = f"{dataset}.telemetry", f"{dataset}.loss_spike_alerts", f"{dataset}.loss_spike_minutes"
+    bqserver.create_lossspike_tables(client, f"{dataset}.unused", alerts)
+    create_bigquery(client, telemetry, shape)
+    insert_bigquery(client, telemetry, rows)
+    settings = Settings(
+        backend="bigquery", project=PROJECT, telemetry_table=telemetry, alerts_table=alerts, thresholds=THRESHOLDS
+    )
+    if view:
+        # The view built by the same builder, on the table's own time column (Terraform renders
+        # the same text: tests/test_terraform.py).
+        query = rollup_view_query(telemetry, Selection(), NOW - timedelta(hours=5), SHAPES[shape])
+        client.query(f"CREATE MATERIALIZED VIEW `{rollup}` AS\n{query}").result()
+        settings = replace(settings, rollup_table=rollup)
+    return settings
+
+
+@pytest.mark.parametrize("shape", REAL_SHAPES)
+def test_the_parity_fleet_in_a_real_shape_gives_duckdbs_rows_raw_and_from_the_view(emulator, shape):
+    first, late = fleet()
+    samples = whole_ms(first + late)
+    want = evaluate(store_with(samples), Settings(thresholds=THRESHOLDS), NOW)
+    assert {r["reason"] for r in want} - {"healthy"}, "the fleet shows incidents"
+    rows = shaped_rows(samples, shape, processes=3)
+    for view in (False, True):
+        settings = _deploy(emulator, shape, rows, view)
+        store = BigQueryStore(settings, emulator)
+        assert store.telemetry_shape() == SHAPES[shape]
+        assert_same_rows(evaluate(store, settings, NOW), want, f"{shape} {'view' if view else 'raw'}")
+
+
+@pytest.mark.parametrize("shape", REAL_SHAPES)
+def test_a_slow_run_published_by_64_processes_reads_as_one_process_does_on_bigquery(emulator, shape):
+    settings = _deploy(emulator, shape, shaped_rows(slow_run(), shape, PROCESSES), view=False)
+    settings = replace(settings, thresholds=Settings().thresholds)
+    store = BigQueryStore(settings, emulator)
+    [row] = [r for r in evaluate(store, settings, NOW) if r["metric"] is None]
+    assert (row["reason"], row["baseline_samples"], row["recent_samples"]) == ("warming_up", 11, 1)
+    every = replace(settings, selection=Selection(process="any"))
+    [copies] = [r for r in evaluate(BigQueryStore(every, emulator), every, NOW) if r["metric"] is None]
+    assert (copies["reason"], copies["baseline_samples"], copies["recent_samples"]) == ("spiking", 704, 64)
