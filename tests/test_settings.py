@@ -49,6 +49,7 @@ def test_every_variable_is_read():
         "LOSSSPIKE_MIN_RECENT_SAMPLES": "2",
         "LOSSSPIKE_REFERENCE": "floor",
         "LOSSSPIKE_STALL_MINUTES": "20",
+        "LOSSSPIKE_PHASE_METRIC": "my_phase",
         "LOSSSPIKE_DETECTORS": "instability",
         "LOSSSPIKE_ATTEMPTS": "all",
         "LOSSSPIKE_CHECKS": "grad_norm_high,mfu_low",
@@ -69,7 +70,13 @@ def test_every_variable_is_read():
     assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20, **dict.fromkeys(CHANGED_THRESHOLDS, 7))
     metrics = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
     assert s.selection == Selection(
-        "lev", "loss", run_pattern="big-%", run_ids=("a", "b"), execution_uids=("e1",), **metrics
+        "lev",
+        "loss",
+        run_pattern="big-%",
+        run_ids=("a", "b"),
+        execution_uids=("e1",),
+        phase_metric="my_phase",
+        **metrics,
     )
     assert (s.detectors, s.attempts, s.checks) == (("instability",), "all", ("grad_norm_high", "mfu_low"))
 
