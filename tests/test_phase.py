@@ -75,6 +75,8 @@ def fleet() -> list[Sample]:
     ]
     # Row 4: initializes from 50 minutes ago, dies after 20 minutes without a loss.
     samples += series("hero-init", "phase", 0.0, 50, 30, 60)
+    # Initializing for 80 minutes and still publishing: the hour shows it since its start.
+    samples += series("hero-long-init", "phase", 0.0, 80, 1, 60)
     # Still initializing, 30 minutes in: not judged yet.
     samples += series("hero-starting", "phase", 0.0, 30, 1, 60)
     # A hung step: the loss stops 20 minutes ago, the phase heartbeat goes on.
@@ -108,6 +110,8 @@ def test_each_phase_reads_as_spec_says_on_duckdb():
     assert finished["note"] == "the run published FINISHED at 2026-11-30T11:40:05Z"
     assert (rows["hero-init"]["reason"], rows["hero-init"]["value"]) == ("stalled", 1)
     assert rows["hero-init"]["note"] == f"no loss since initializing at {at(50)}"
+    # The hour read is [now - 60 min, now): its oldest phase row there is exactly an hour old.
+    assert rows["hero-long-init"]["note"] == f"no loss since initializing at {at(60)}"
     assert (rows["hero-starting"]["reason"], rows["hero-starting"]["value"]) == ("warming_up", 0)
     assert rows["hero-starting"]["note"] == f"initializing since {at(30)}"
     hung = rows["hero-hung"]
