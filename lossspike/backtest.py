@@ -444,7 +444,8 @@ def _histories(
     """Merge the minute buckets into every run's windows at every tick and judge them.
 
     Grids are per attempt (one per run with attempts='all'): at each tick a run is judged
-    on the attempt of its newest sample of the hour, as the tick's read chooses it.
+    on the attempt of its newest loss or phase row of the hour, as the tick's read chooses it,
+    and its phase read as the tick reads it (lossspike.phase).
     """
     if buckets.num_rows == 0:
         return []
@@ -1344,8 +1345,9 @@ _NO_ATTEMPT = object()
 def _newest_attempts(
     buckets: pa.Table, wanted: set[tuple[str, str]], ticks: list[datetime], t: Thresholds
 ) -> dict[tuple[str, str], list[Any]]:
-    """Per run in `wanted`, per tick: the attempt (execution UID) of its newest sample of the
-    hour, ties to the larger UID (NULL below every UID), as the tick's checks read it."""
+    """Per run in `wanted`, per tick: the attempt (execution UID) of its newest loss or phase
+    row of the hour (minutes.attempt_key), ties to the larger UID (NULL below every UID), as
+    the tick's checks read it."""
     import pyarrow.compute as pc
 
     runs = pa.array(sorted({run for _, run in wanted}), type=pa.string())

@@ -292,9 +292,9 @@ def tick_runs(
     """Assemble a tick's read (sql.tick_read_query) into per-run arrays.
 
     Runs are those with a sample in the hour, in code-point order. A run's loss windows
-    read its newest attempt (the attempt of its newest sample of any metric, ties to the
-    larger UID, NULL below every UID) or with `attempts='all'` every attempt; the checks
-    always read the newest.
+    read its newest attempt (the attempt of its newest loss or phase row, attempt_key and
+    newest_attempt) or with `attempts='all'` every attempt; the checks and the phase always
+    read the newest.
     """
     now_us = int((now - _EPOCH) // timedelta(microseconds=1))
     encoded = table.column("part").combine_chunks().dictionary_encode()
