@@ -591,16 +591,22 @@ def _attempt_keys(
     return minutes.attempt_key(newest_in_hour(choosing_times), newest_in_hour(sample_times))
 
 
-def _chosen_groups(run: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
+def _chosen_groups(run: np.ndarray, times: np.ndarray, size: int, seq: np.ndarray | None = None) -> np.ndarray:
     """Per run and tick, the grid row (attempt) the windows read: the one whose attempt_key
-    (`times`, grid rows x ticks) is the run's newest, ties to the larger attempt (groups come
-    sorted by run, then attempt), minutes.newest_attempt's order."""
+    (`times`, grid rows x ticks) is the run's newest, ties to the larger `seq` (the newest row's,
+    same shape, where the table has one), then to the larger attempt (groups come sorted by run,
+    then attempt): minutes.newest_attempt's order."""
+    seq = np.zeros(times.shape, dtype=np.int64) if seq is None else seq
     best = np.full((size, times.shape[1]), minutes.NO_TIME, dtype=np.int64)
+    best_seq = np.zeros((size, times.shape[1]), dtype=np.int64)
     chosen = np.full((size, times.shape[1]), -1, dtype=np.int64)
     for group in range(len(run)):
-        better = (times[group] >= best[run[group]]) & (times[group] != minutes.NO_TIME)
-        best[run[group]] = np.where(better, times[group], best[run[group]])
-        chosen[run[group]] = np.where(better, group, chosen[run[group]])
+        mine, owner = times[group], run[group]
+        later = (mine > best[owner]) | ((mine == best[owner]) & (seq[group] >= best_seq[owner]))
+        better = later & (mine != minutes.NO_TIME)
+        best[owner] = np.where(better, mine, best[owner])
+        best_seq[owner] = np.where(better, seq[group], best_seq[owner])
+        chosen[owner] = np.where(better, group, chosen[owner])
     return chosen
 
 

@@ -224,11 +224,14 @@ def test_the_tick_and_the_backtest_choose_attempts_alike():
         run = np.sort(rng.integers(0, 3, groups))
         attempt = np.arange(groups)  # groups come sorted by run, then attempt
         times = rng.choice([minutes.NO_TIME, 1, 2, 3], size=(groups, 4))
-        chosen = _chosen_groups(run, times, 3)
-        for tick in range(4):
-            have = times[:, tick] != minutes.NO_TIME
-            want = minutes.newest_attempt(run[have], attempt[have], times[have, tick], 3)
-            assert chosen[:, tick].tolist() == want.tolist()
+        seq = rng.integers(-2, 3, size=(groups, 4))  # migrated rows' seq is negative (facts section 2)
+        for with_seq in (None, seq):
+            chosen = _chosen_groups(run, times, 3, with_seq)
+            for tick in range(4):
+                have = times[:, tick] != minutes.NO_TIME
+                tie = None if with_seq is None else with_seq[have, tick]
+                want = minutes.newest_attempt(run[have], attempt[have], times[have, tick], 3, tie)
+                assert chosen[:, tick].tolist() == want.tolist()
 
 
 # --- the BigQuery emulator: raw telemetry and the rollup view ---------------------------------
