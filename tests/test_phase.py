@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from conftest import NOW, store_with
 from detector_oracle import Config, assert_matches, expect
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from incidents import rows_for, store_for
 from oracle import Sample
 from servers import bigquery as bqserver
@@ -254,7 +256,43 @@ def test_bigquery_raw_and_rollup_view_give_duckdbs_rows(emulator):
     view = replace(raw, rollup_table=rollup)
     for now in (NOW - 5 * MINUTE, NOW - 4 * MINUTE, NOW):
         want = [tuple(r[k] for k in ROW_KEYS) for r in evaluate(store_with(samples), Settings(), now)]
-        for name, settings in (("raw", raw), ("rollup", view)):
-            got = [tuple(r[k] for k in ROW_KEYS) for r in evaluate(BigQueryStore(settings, emulator), settings, now)]
+        for name, chosen in (("raw", raw), ("rollup", view)):
+            got = [tuple(r[k] for k in ROW_KEYS) for r in evaluate(BigQueryStore(chosen, emulator), chosen, now)]
             assert got == want, (name, now)
     assert by_run(evaluate(BigQueryStore(view, emulator), view, NOW))["hero-init"]["reason"] == "stalled"
+
+
+# --- drawn runs against the oracle ---------------------------------------------------------
+
+UIDS = ("iris:0:attempt:0", "iris:0:attempt:1", None)
+
+
+@st.composite
+def phase_runs(draw) -> list[Sample]:
+    """One run: losses and phase rows of up to two attempts starting and stopping anywhere in the
+    last 80 minutes, sometimes a FINISHED row, sometimes another task's metric newest."""
+    samples: list[Sample] = []
+    for uid in draw(st.lists(st.sampled_from(UIDS), min_size=1, max_size=2, unique=True)):
+        if draw(st.booleans()):
+            first = draw(st.integers(1, 80))
+            last = draw(st.integers(0, first))
+            samples += series("hero-p", "train_loss", loss, first, last + 0.1, draw(st.sampled_from([10, 30])), uid)
+        if draw(st.booleans()):
+            first = draw(st.integers(1, 80))
+            last = draw(st.integers(0, first))
+            value = draw(st.sampled_from([0.0, 1.0]))
+            samples += series("hero-p", "phase", value, first, last + 0.2, 60, uid)
+            if draw(st.booleans()):
+                samples.append(Sample(NOW - timedelta(minutes=last), 2.0, "hero-p", name="phase", execution_uid=uid))
+    if draw(st.booleans()):
+        samples += series("hero-p", "grad_norm_total", 0.3, 30, 0.01, 30, OTHER_TASK)
+    return samples
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(samples=phase_runs(), ago=st.integers(0, 10), finished=st.sampled_from([None, False, True]))
+def test_drawn_phase_runs_match_the_oracle(samples, ago, finished):
+    now = NOW - ago * MINUTE
+    overrides = [] if finished is None else [OverrideRow("hero-p", NOW - 90 * MINUTE, finished=finished)]
+    rows = rows_for(samples, Settings(), now, overrides)
+    assert_matches(rows, expect(samples, now, Config(), overrides))
