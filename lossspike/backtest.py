@@ -43,6 +43,7 @@ from lossspike.checks import (
 from lossspike.evaluate import check_row, checks_in_force
 from lossspike.minutes import Partial
 from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches, resolve
+from lossspike.phase import PhaseState, finished_policy, loss_verdict
 from lossspike.rule import (
     DETECTORS,
     HEALTHY,
@@ -213,6 +214,10 @@ class Backtest:
                 row.update(reason=reason, value=int(not row["silenced"]), severity="page")
                 if history.observed is not None and history.limits is not None:
                     row.update(observed=float(history.observed[tick]), threshold=float(history.limits[tick]))
+            elif reason is not None and reason != row["reason"]:
+                # The phase's verdict (lossspike.phase): warming_up or stalled over the windows' reason.
+                pages = reason in PAGING_REASONS
+                row.update(reason=reason, value=int(pages and not row["silenced"]), severity=PAGE if pages else "")
         if not any(h.checks for h in self.runs):
             return rows
         # Each run's firing checks follow its loss row, as evaluate writes them.
@@ -441,7 +446,8 @@ def _histories(
     """Merge the minute buckets into every run's windows at every tick and judge them.
 
     Grids are per attempt (one per run with attempts='all'): at each tick a run is judged
-    on the attempt of its newest sample of the hour, as the tick's read chooses it.
+    on the attempt of its newest loss or phase row of the hour, as the tick's read chooses it,
+    and its phase read as the tick reads it (lossspike.phase).
     """
     if buckets.num_rows == 0:
         return []
@@ -462,11 +468,15 @@ def _histories(
     job_times = minutes.micros(buckets, "job_at")
     loss_times = minutes.micros(buckets, "last_loss_at")
     sample_times = minutes.micros(buckets, "sample_at")
+    phase_times = minutes.micros(buckets, "phase_last_at")
+    # The rows that choose a run's attempt (SPEC "Attempts"): its loss and phase rows.
+    choosing_times = np.maximum(loss_times, phase_times)
+    has_phase = bool((phase_times != minutes.NO_TIME).any())
     # One key per (run, attempt), ordered by run then attempt (a 2-D unique sorts rows far slower).
     span = int(codes.max()) + 1
     pairs, row_group = np.unique(row_run * span + codes, return_inverse=True)
     row_group = row_group.reshape(-1)
-    group_run, group_code = pairs // span, pairs % span
+    group_run = pairs // span
 
     histories: list[RunHistory] = []
     per_chunk = max(1, _CHUNK_CELLS // max(width, 1))
@@ -486,14 +496,11 @@ def _histories(
         grid = Partial(*(value.reshape(shape) for value in merged))
         loss = np.bincount(cells, counts["loss"][rows], size).astype(np.int64).reshape(shape)
         not_finite = np.bincount(cells, counts["not_finite"][rows], size).astype(np.int64).reshape(shape)
-        sampled = np.full(size, minutes.NO_TIME, dtype=np.int64)
-        np.maximum.at(sampled, cells, sample_times[rows])
-        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)
+        keys_at = _attempt_keys(cells, rows, sample_times, choosing_times, shape, ends, tick_minutes, t)
         seed = _seed_windows(grid, loss, not_finite, ends, t)
         run_windows = _run_windows(runs, ends, t)
-        chosen = _chosen_groups(
-            group_run[mine] - chunk.start, group_code[mine], sampled, ends, tick_minutes, t, len(chunk)
-        )
+        chosen = _chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk))
+        phases = _phases(buckets, cells, rows, shape, loss, ends, t, chosen) if has_phase else {}
         policies = [_policies(overrides, keys[index], ticks, t) for index in chunk]
         verdicts = _seed_verdicts(seed, run_windows, chosen, policies, tick_minutes * minutes.MICROS_PER_MINUTE)
         found = _detections(grid, loss, ends, t, enabled, verdicts, chosen)
@@ -501,8 +508,15 @@ def _histories(
             histories.append(
                 _judge(keys[index], seed, run_windows, chosen[offset], verdicts, found, offset, jobs, ticks, detail)
             )
+            mine_phases = {tick: state for (row, tick), state in phases.items() if row == offset}
+            if mine_phases:
+                _apply_phases(histories[-1], mine_phases, verdicts, run_windows, offset, ticks)
             if checks is not None:
                 checks.judge(histories[-1], seed, chosen[offset])
+                if mine_phases and histories[-1].checks:
+                    for tick, fired in histories[-1].checks.items():
+                        state = mine_phases.get(tick)
+                        fired[:] = [(f, finished_policy(state, p)) for f, p in fired]
             if detail and LEVEL_SHIFT in enabled:
                 _shift_lines(
                     histories[-1], grid, loss, ends, t, chosen[offset], policies[offset], verdicts.slow[offset], ticks
@@ -556,27 +570,127 @@ def _run_windows(grids: dict[str, np.ndarray], ends: np.ndarray, t: Thresholds) 
     }
 
 
-def _chosen_groups(
-    run: np.ndarray,
-    code: np.ndarray,
-    sampled: np.ndarray,
+def _attempt_keys(
+    cells: np.ndarray,
+    rows: np.ndarray,
+    sample_times: np.ndarray,
+    choosing_times: np.ndarray,
+    shape: tuple[int, int],
     ends: np.ndarray,
     tick_minutes: np.ndarray,
     t: Thresholds,
-    size: int,
 ) -> np.ndarray:
-    """Per run and tick, the grid row (attempt) the windows read: its newest sample of the hour
-    is the run's newest, ties to the larger attempt (groups come sorted by run, then attempt)."""
+    """Per (run, attempt) grid row and tick, the time it competes with for its run's attempt
+    (minutes.attempt_key over the tick's hour): its newest loss or phase row, else its newest row."""
     start_us = (tick_minutes - t.baseline_minutes) * minutes.MICROS_PER_MINUTE
-    times = sampled[:, ends - 1]
-    times = np.where(times >= start_us, times, minutes.NO_TIME)
-    best = np.full((size, len(ends)), minutes.NO_TIME, dtype=np.int64)
-    chosen = np.full((size, len(ends)), -1, dtype=np.int64)
+
+    def newest_in_hour(times: np.ndarray) -> np.ndarray:
+        grid = np.full(shape[0] * shape[1], minutes.NO_TIME, dtype=np.int64)
+        np.maximum.at(grid, cells, times[rows])
+        at = np.maximum.accumulate(grid.reshape(shape), axis=1)[:, ends - 1]
+        return np.where(at >= start_us, at, minutes.NO_TIME)
+
+    return minutes.attempt_key(newest_in_hour(choosing_times), newest_in_hour(sample_times))
+
+
+def _chosen_groups(run: np.ndarray, times: np.ndarray, size: int, seq: np.ndarray | None = None) -> np.ndarray:
+    """Per run and tick, the grid row (attempt) the windows read: the one whose attempt_key
+    (`times`, grid rows x ticks) is the run's newest, ties to the larger `seq` (the newest row's,
+    same shape, where the table has one), then to the larger attempt (groups come sorted by run,
+    then attempt): minutes.newest_attempt's order."""
+    seq = np.zeros(times.shape, dtype=np.int64) if seq is None else seq
+    best = np.full((size, times.shape[1]), minutes.NO_TIME, dtype=np.int64)
+    best_seq = np.zeros((size, times.shape[1]), dtype=np.int64)
+    chosen = np.full((size, times.shape[1]), -1, dtype=np.int64)
     for group in range(len(run)):
-        better = (times[group] >= best[run[group]]) & (times[group] != minutes.NO_TIME)
-        best[run[group]] = np.where(better, times[group], best[run[group]])
-        chosen[run[group]] = np.where(better, group, chosen[run[group]])
+        mine, owner = times[group], run[group]
+        later = (mine > best[owner]) | ((mine == best[owner]) & (seq[group] >= best_seq[owner]))
+        better = later & (mine != minutes.NO_TIME)
+        best[owner] = np.where(better, mine, best[owner])
+        best_seq[owner] = np.where(better, seq[group], best_seq[owner])
+        chosen[owner] = np.where(better, group, chosen[owner])
     return chosen
+
+
+def _phases(
+    buckets: pa.Table,
+    cells: np.ndarray,
+    rows: np.ndarray,
+    shape: tuple[int, int],
+    loss: np.ndarray,
+    ends: np.ndarray,
+    t: Thresholds,
+    chosen: np.ndarray,
+) -> dict[tuple[int, int], PhaseState]:
+    """Per (run, tick) whose chosen attempt has a phase row in the tick's hour, that attempt's
+    PhaseState as the tick's read gives it (minutes.phase_states)."""
+    at = minutes.micros(buckets, "phase_last_at")[rows]
+    keep = np.flatnonzero(at != minutes.NO_TIME)
+    if not len(keep):
+        return {}
+    first = minutes.micros(buckets, "phase_first_at")[rows]
+    values = minutes.filled(buckets, "phase_last", np.nan, np.float64)[rows]
+    groups, width = shape
+    size = groups * width
+    newest = minutes.newest(cells[keep], at[keep], size)
+    hit = newest >= 0
+    last_at = np.full(size, minutes.NO_TIME, dtype=np.int64)
+    last_value = np.full(size, np.nan)
+    last_at[hit] = at[keep[newest[hit]]]
+    last_value[hit] = values[keep[newest[hit]]]
+    oldest = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(oldest, cells[keep], np.where(first[keep] != minutes.NO_TIME, first[keep], at[keep]))
+    last_at, last_value, oldest = (a.reshape(shape) for a in (last_at, last_value, oldest))
+    has = last_at != minutes.NO_TIME
+    # Per tick, the newest slot with a phase row before its end and the oldest from its hour's start.
+    before = np.maximum.accumulate(np.where(has, np.arange(width), -1), axis=1)[:, ends - 1]
+    after = np.minimum.accumulate(np.where(has, np.arange(width), width)[:, ::-1], axis=1)[:, ::-1]
+    starts = ends - t.baseline_minutes
+    since_slot = after[:, np.clip(starts, 0, width - 1)]
+    losses = _window_sum(loss, starts, ends)
+    out = {}
+    for run, tick in zip(*np.nonzero(chosen >= 0), strict=True):
+        g = int(chosen[run, tick])
+        newest_slot = int(before[g, tick])
+        if newest_slot < starts[tick]:
+            continue
+        oldest_slot = int(since_slot[g, tick])
+        out[(int(run), int(tick))] = PhaseState(
+            float(last_value[g, newest_slot]),
+            minutes.instant(int(last_at[g, newest_slot])),
+            minutes.instant(int(oldest[g, oldest_slot])),
+            int(losses[g, tick]),
+        )
+    return out
+
+
+def _apply_phases(
+    history: RunHistory,
+    states: dict[int, PhaseState],
+    verdicts: _Verdicts,
+    run_windows: dict[str, np.ndarray],
+    row: int,
+    ticks: list[datetime],
+) -> None:
+    """The phase's verdict (lossspike.phase, the tick's own function) at every tick of one run
+    where its judged attempt has phase rows: reason, silence and, with detail, the note."""
+    assert history.silenced is not None
+    for tick, state in states.items():
+        code = int(history.codes[tick])
+        if code < 0:
+            continue
+        policy = verdicts.table[int(verdicts.policy[row, tick])]
+        last_us = int(run_windows["last_loss_us"][row, tick])
+        last = minutes.instant(last_us) if run_windows["loss_in_window"][row, tick] else None
+        reason, policy = loss_verdict(REASONS[code], state, last, ticks[tick], policy)
+        if reason != REASONS[code]:
+            history.codes[tick] = _CODES[reason]
+            history.margins[tick] = np.nan
+            if history.observed is not None and history.limits is not None:
+                history.observed[tick] = history.limits[tick] = np.nan
+        history.silenced[tick] = policy.silenced
+        if history.policies is not None:
+            history.policies[tick] = policy
 
 
 def _seed_windows(
@@ -1239,8 +1353,9 @@ _NO_ATTEMPT = object()
 def _newest_attempts(
     buckets: pa.Table, wanted: set[tuple[str, str]], ticks: list[datetime], t: Thresholds
 ) -> dict[tuple[str, str], list[Any]]:
-    """Per run in `wanted`, per tick: the attempt (execution UID) of its newest sample of the
-    hour, ties to the larger UID (NULL below every UID), as the tick's checks read it."""
+    """Per run in `wanted`, per tick: the attempt (execution UID) of its newest loss or phase
+    row of the hour (minutes.attempt_key), ties to the larger UID (NULL below every UID), as
+    the tick's checks read it."""
     import pyarrow.compute as pc
 
     runs = pa.array(sorted({run for _, run in wanted}), type=pa.string())
@@ -1260,10 +1375,19 @@ def _newest_attempts(
     inside = slot >= 0
     pairs, group = np.unique(np.stack([row_run[inside], codes[inside]]), axis=1, return_inverse=True)
     group = group.reshape(-1)
-    sampled = np.full(pairs.shape[1] * width, minutes.NO_TIME, dtype=np.int64)
-    np.maximum.at(sampled, group * width + slot[inside], minutes.micros(table, "sample_at")[inside])
-    sampled = np.maximum.accumulate(sampled.reshape(pairs.shape[1], width), axis=1)
-    chosen = _chosen_groups(pairs[0], pairs[1], sampled, ends, tick_minutes, t, len(keys))
+    at = np.flatnonzero(inside)
+    choosing = np.maximum(minutes.micros(table, "last_loss_at"), minutes.micros(table, "phase_last_at"))
+    times = _attempt_keys(
+        group * width + slot[inside],
+        at,
+        minutes.micros(table, "sample_at"),
+        choosing,
+        (pairs.shape[1], width),
+        ends,
+        tick_minutes,
+        t,
+    )
+    chosen = _chosen_groups(pairs[0], times, len(keys))
     names: list[Any] = [None, *ranked]
     out = {}
     for index, key in enumerate(keys):

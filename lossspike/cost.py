@@ -34,7 +34,7 @@ from typing import Any
 
 from lossspike.rule import DETECTORS
 from lossspike.schema import ALERT_COLUMNS
-from lossspike.sql import CHECK_PARTS, Query
+from lossspike.sql import CHECK_PARTS, PHASE_COLUMNS, Query
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -136,6 +136,8 @@ def _role_bytes(role: str) -> dict[str, float]:
         sizes |= {c: 8 for c in ("eval_last_finite", "eval_last_finite_at", "eval_last", "eval_last_at")}
     else:
         sizes |= {f"{k}_{p}": 8 for k in PUBLISHED_CHECK_KEYS for p in CHECK_PARTS}
+        # Levanter's phase rides on the other metrics' bucket: its newest value and two times.
+        sizes |= {c: 8 for c in PHASE_COLUMNS}
     return sizes
 
 
@@ -336,7 +338,14 @@ VIEW_READ_PARTS = (
         "hour",
         ("loss", "eval", ""),
         ("hour", 0),
-        (*_KEYS, "metric", *_SHARED, *(c for c in LOSS_ROW_BYTES if c.startswith("loss_")), "last_loss_at"),
+        (
+            *_KEYS,
+            "metric",
+            *_SHARED,
+            *(c for c in LOSS_ROW_BYTES if c.startswith("loss_")),
+            "last_loss_at",
+            *PHASE_COLUMNS,
+        ),
     ),
     ("checks", ("",), ("checks", 0), _CHECK_COLUMNS),
     ("eval", ("eval",), ("eval", 0), (*_KEYS, "metric", "eval_last_finite", "eval_last_finite_at")),

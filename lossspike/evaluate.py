@@ -36,6 +36,7 @@ from lossspike.overrides import (
     unusable_rows,
     unusable_summary,
 )
+from lossspike.phase import finished_policy, loss_verdict
 from lossspike.rule import (
     HEALTHY,
     PAGING_REASONS,
@@ -117,15 +118,18 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     loss = judge_loss(runs, [p.thresholds for p in policies], settings.detectors, now)
     names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
     rows = []
+    phases = runs.phases or [None] * len(runs.keys)
     for i, key in enumerate(runs.keys):
-        policy = policies[i]
         windows_i, reason, finding = loss[i]
+        reason, policy = loss_verdict(reason, phases[i], windows_i.last_loss_at, now, policies[i])
+        if reason != loss[i][1]:
+            finding = None
         rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy))
         if not checks:
             continue
         data = CheckData(runs.checks[i], runs.evals[i], names)
         for check in checks:
-            scoped = by_check[check].get(key, plain)
+            scoped = finished_policy(phases[i], by_check[check].get(key, plain))
             for fired in run_checks(data, windows_i, reason, scoped.thresholds, (check,)):
                 rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
     return rows

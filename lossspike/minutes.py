@@ -18,13 +18,18 @@ import numpy as np
 import pyarrow as pa
 
 from lossspike.checks import MetricMinutes
-from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES
+from lossspike.phase import PhaseState
+from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES, PHASE_COLUMNS
 
 # A tick's check columns start with their metric's key (lossspike.sql.MINUTE_TYPES).
 _DENSE_PREFIXES = tuple(f"{key}_" for key in DENSE_CHECK_METRICS)
 # A timestamp column's NULL, as microseconds: older than any sample.
 NO_TIME = np.iinfo(np.int64).min
 MICROS_PER_MINUTE = 60_000_000
+# How far a run's other metrics' rows sort below its loss and phase rows when they choose its
+# attempt (attempt_key): 2**60 us is 36,000 years, more than any time apart, and the key stays
+# above NO_TIME.
+_FALLBACK_SHIFT = 2**60
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -186,12 +191,27 @@ def attempt_codes(table: pa.Table) -> np.ndarray:
     return rank[encoded.indices.fill_null(len(uids)).to_numpy(zero_copy_only=False).astype(np.int64)]
 
 
-def newest_attempt(run: np.ndarray, attempt: np.ndarray, times: np.ndarray, size: int) -> np.ndarray:
-    """Per run, the attempt of its newest row (ties: the larger attempt rank); -1 without rows."""
+def attempt_key(choosing: np.ndarray, any_row: np.ndarray) -> np.ndarray:
+    """The time by which a bucket's attempt competes to be its run's (SPEC "Attempts"): its
+    newest loss or phase row (`choosing`), else, for a run with neither in the hour, its newest
+    row of any metric (`any_row`), sorted below every loss and phase row. Microseconds;
+    NO_TIME without a row. One encoding for the tick and the backtest."""
+    fallback = np.where(any_row != NO_TIME, any_row - _FALLBACK_SHIFT, NO_TIME)
+    return np.where(choosing != NO_TIME, choosing, fallback)
+
+
+def newest_attempt(
+    run: np.ndarray, attempt: np.ndarray, times: np.ndarray, size: int, seq: np.ndarray | None = None
+) -> np.ndarray:
+    """Per run, the attempt of its newest row (`times`, as attempt_key gives them); ties by
+    time go to the larger `seq` (the newest row's, where the table has one), then to the larger
+    attempt rank (NULL lowest). -1 without rows. The backtest's _chosen_groups applies the
+    same order tick by tick (tests/test_phase.py holds the two equal)."""
     best = np.full(size, -1, dtype=np.int64)
     if not len(run):
         return best
-    order = np.lexsort((attempt, times, run))
+    seq = np.zeros(len(run), dtype=np.int64) if seq is None else seq
+    order = np.lexsort((attempt, seq, times, run))
     last = np.r_[np.flatnonzero(np.diff(run[order])), len(order) - 1]
     best[run[order][last]] = attempt[order][last]
     return best
@@ -251,6 +271,8 @@ class TickRuns(NamedTuple):
     # The newest attempt's check metrics by key and evaluation minutes, per run (lossspike.checks reads them).
     checks: list[dict[str, MetricMinutes]]
     evals: list[list[tuple[float, int]]]
+    # The newest attempt's phase in the hour, per run (lossspike.phase judges it; None without).
+    phases: list[PhaseState | None] | None = None
 
 
 def _slots(table: pa.Table, now_us: int, width: int) -> np.ndarray:
@@ -270,9 +292,9 @@ def tick_runs(
     """Assemble a tick's read (sql.tick_read_query) into per-run arrays.
 
     Runs are those with a sample in the hour, in code-point order. A run's loss windows
-    read its newest attempt (the attempt of its newest sample of any metric, ties to the
-    larger UID, NULL below every UID) or with `attempts='all'` every attempt; the checks
-    always read the newest.
+    read its newest attempt (the attempt of its newest loss or phase row, attempt_key and
+    newest_attempt) or with `attempts='all'` every attempt; the checks and the phase always
+    read the newest.
     """
     now_us = int((now - _EPOCH) // timedelta(microseconds=1))
     encoded = table.column("part").combine_chunks().dictionary_encode()
@@ -285,14 +307,14 @@ def tick_runs(
     in_hour = of_part("hour")
     # Each part's rows keep only the part's columns: the read is wide and mostly NULL.
     loss_columns = [c for c in table.column_names if c.startswith("loss_")]
-    hour_columns = ["minute", "sample_at", *loss_columns, "last_loss_at", "job", "job_at"]
+    hour_columns = ["minute", "sample_at", *loss_columns, "last_loss_at", "job", "job_at", *PHASE_COLUMNS]
     hour_rows = table.select(hour_columns).filter(pa.array(in_hour))
     keys, owners = run_keys(table, in_hour)
     run = owners[in_hour]
     size = len(keys)
     codes = attempt_codes(table)
     hour_codes = codes[in_hour]
-    chosen = newest_attempt(run, hour_codes, micros(hour_rows, "sample_at"), size)
+    chosen = newest_attempt(run, hour_codes, bucket_attempt_keys(hour_rows), size)
     judged = np.ones(len(run), dtype=bool) if attempts == "all" else hour_codes == chosen[run]
     slots = _slots(hour_rows, now_us, hour)
     partials = bucket_partials(hour_rows)
@@ -303,6 +325,9 @@ def tick_runs(
     loss_at = np.full(size, NO_TIME, dtype=np.int64)
     np.maximum.at(loss_at, run, micros(hour_rows, "last_loss_at"))
     job_row = newest(run, micros(hour_rows, "job_at"), size)
+    mine = hour_codes == chosen[run]
+    attempt_losses = np.bincount(run[mine], filled(hour_rows, "loss_samples", 0, np.int64)[mine], size)
+    phases = phase_states(hour_rows, run, mine, attempt_losses, size)
     jobs = hour_rows.column("job").take(pa.array(np.maximum(job_row, 0))).to_pylist() if size else []
 
     def rows_of(name: str, newest_only: bool, columns: list[str]) -> tuple[pa.Table, np.ndarray]:
@@ -352,7 +377,36 @@ def tick_runs(
         history_sum,
         checks,
         evals,
+        phases,
     )
+
+
+def bucket_attempt_keys(table: pa.Table) -> np.ndarray:
+    """Each bucket's attempt_key: its newest loss or phase row, else its newest row."""
+    choosing = np.maximum(micros(table, "last_loss_at"), micros(table, "phase_last_at"))
+    return attempt_key(choosing, micros(table, "sample_at"))
+
+
+def phase_states(
+    rows: pa.Table, run: np.ndarray, mine: np.ndarray, losses: np.ndarray, size: int
+) -> list[PhaseState | None]:
+    """Per run, the phase of the `mine` buckets (its judged attempt's): newest value and time,
+    oldest time, and the attempt's loss samples `losses`; None for a run without phase rows."""
+    at = micros(rows, "phase_last_at")
+    first = micros(rows, "phase_first_at")
+    keep = mine & (at != NO_TIME)
+    out: list[PhaseState | None] = [None] * size
+    if not keep.any():
+        return out
+    pick = np.flatnonzero(keep)
+    row = newest(run[pick], at[pick], size)
+    oldest = np.full(size, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(oldest, run[pick], np.where(first[pick] != NO_TIME, first[pick], at[pick]))
+    values = rows.column("phase_last").to_pylist()
+    for r in np.flatnonzero(row >= 0).tolist():
+        i = int(pick[row[r]])
+        out[r] = PhaseState(values[i], instant(int(at[i])), instant(int(oldest[r])), int(losses[r]))
+    return out
 
 
 def _check_metrics(rows: pa.Table, owner: np.ndarray, size: int) -> list[dict[str, MetricMinutes]]:

@@ -51,6 +51,7 @@ THRESHOLD_COLUMNS = (
     "min_recent_samples",
     "reference",
     "stall_minutes",
+    "initializing_minutes",
     "shift_min_rise",
     "shift_sigma",
     "divergence_min_rise",
@@ -156,6 +157,7 @@ class OverrideRow:
     min_recent_samples: int | None = None
     reference: str | None = None
     stall_minutes: int | None = None
+    initializing_minutes: int | None = None
     shift_min_rise: float | None = None
     shift_sigma: float | None = None
     divergence_min_rise: float | None = None
@@ -443,7 +445,7 @@ def _policy(candidates: Sequence[OverrideRow], now: datetime, base: Thresholds, 
     thresholds = dataclasses.replace(base, **tuned) if tuned else base
     until = found["silenced_until"]
     silenced = (until is not None and until > now) or found["finished"] is True
-    return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"])
+    return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"], found["finished"])
 
 
 def resolve(

@@ -54,6 +54,10 @@ MAX_HORIZON_MINUTES = 24 * 60
 # so a restarted attempt's first minutes never page.
 MIN_DETECTOR_BASELINE_MINUTES = 20
 
+# Levanter's TrainingPhase values, as its `phase` metric publishes them
+# (levanter-telemetry-facts.md section 3: telemetry.py's TrainingPhase).
+PHASE_INITIALIZING, PHASE_TRAINING, PHASE_FINISHED = 0, 1, 2
+
 # The row written when nothing is enrolled, so that "no data" is reserved for a
 # broken evaluator.
 FLEET_CLUSTER = "fleet"
@@ -80,6 +84,10 @@ class Thresholds:
     # SPEC's default: longer than a checkpoint save or an eval pause, short enough that a
     # hung collective pages well within the hour it stays enrolled. 0 turns the check off.
     stall_minutes: int = 15
+    # Marin's start-up allowance (TrainingProgressStalled allows 45 minutes): compiling and
+    # loading data take that long on a hero run; an attempt initializing longer with no loss
+    # has died or hung before its first step. 0 turns the check off.
+    initializing_minutes: int = 45
 
     # --- the detectors (lossspike.detectors; the README defines each) ---
     # A level shift smaller than this is within what a hero run's loss wanders by in an
@@ -194,6 +202,7 @@ THRESHOLD_RANGES: dict[str, Range] = {
     "min_baseline_samples": _COUNT,
     "min_recent_samples": _COUNT,
     "stall_minutes": Range(integer=True, low=0),
+    "initializing_minutes": Range(integer=True, low=0),
     "shift_min_rise": _NON_NEGATIVE,
     "shift_sigma": _NON_NEGATIVE,
     "divergence_min_rise": Range(
@@ -239,6 +248,10 @@ def threshold_problems(t: Any) -> list[str]:
     if {"baseline_minutes", "stall_minutes"} <= valid and stall >= t.baseline_minutes:
         # A run silent for the whole baseline is no longer enrolled, so it could never read stalled.
         problems.append(f"stall_minutes ({stall}) must be less than baseline_minutes ({t.baseline_minutes})")
+    start = t.initializing_minutes
+    if {"baseline_minutes", "initializing_minutes"} <= valid and start >= t.baseline_minutes:
+        # The tick reads one hour: an attempt's first phase row older than that is out of sight.
+        problems.append(f"initializing_minutes ({start}) must be less than baseline_minutes ({t.baseline_minutes})")
     if t.reference not in REFERENCES:
         problems.append(f"reference must be one of {', '.join(REFERENCES)}, got {t.reference!r}")
     return problems
@@ -366,6 +379,9 @@ class RunPolicy:
     # A silenced run keeps its real reason in its row, with value 0.
     silenced: bool = False
     note: str | None = None
+    # The overrides' `finished` column as resolved (None: no row sets it); a run's FINISHED
+    # phase silences it unless a row says False.
+    finished: bool | None = None
 
 
 def is_fleet_row(row: dict[str, Any]) -> bool:

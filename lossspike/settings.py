@@ -261,6 +261,12 @@ OPTIONS = (
     Option(
         "stall_minutes", _threshold("stall_minutes"), "Minutes without a loss sample before a run is stalled; 0 is off."
     ),
+    Option(
+        "initializing_minutes",
+        _threshold("initializing_minutes"),
+        "Minutes an attempt may publish phase INITIALIZING with no loss before it is stalled; 0 is off.",
+    ),
+    Option("phase_metric", _text, "Metric name of Levanter's phase (0 initializing, 1 training, 2 finished)."),
     Option("detectors", _names(DETECTORS), "Detectors beyond the seed rule: all, none or a comma list."),
     Option("attempts", _choice(ATTEMPTS), "Loss windows read the newest attempt of a run, or all attempts."),
     Option(
@@ -377,6 +383,7 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
     thresholds = Thresholds(**groups[Thresholds])
     settings = Settings(**values, thresholds=thresholds, selection=Selection(**groups[Selection]))
     names = {key: getattr(settings.selection, f"{key}_metric") for key in CHECK_METRICS}
+    names["phase"] = settings.selection.phase_metric
     clashes = [key for key, name in names.items() if name == settings.selection.metric]
     if clashes:
         option = OPTIONS_BY_KEY[f"{clashes[0]}_metric"]
@@ -388,7 +395,7 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
                 raise ConfigError(f"{option.env}: the bigquery backend needs project.dataset.table")
     if settings.rollup_table:
         # The rollup view's definition holds these as literals (a view takes no parameters).
-        keys = (("service",) if settings.selection.service else ()) + ("metric",)
+        keys = (("service",) if settings.selection.service else ()) + ("metric", "phase_metric")
         keys += () if settings.selection.run_ids else ("run_pattern",)
         for key in keys:
             try:

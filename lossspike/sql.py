@@ -158,6 +158,9 @@ class Selection:
     # SQL LIKE over run_id; ignored when run_ids is given.
     run_pattern: str = "hero-%"
     run_ids: tuple[str, ...] = ()
+    # Levanter's phase metric (0 initializing, 1 training, 2 finished): with the loss, it picks
+    # a run's attempt, and it says a run finished or is still starting (lossspike.phase).
+    phase_metric: str = "phase"
     # Attempts to narrow both windows to; empty means every attempt.
     execution_uids: tuple[str, ...] = ()
     # Whose rows count where the table has process_index: process 0's ("0"), or every process's
@@ -445,10 +448,25 @@ MINUTE_TYPES = {
     "job": "STRING",
     "job_at": "TIMESTAMP",
     **{f"{key}_{part}": kind for key in CHECK_METRICS for part, kind in CHECK_PARTS.items()},
+    # The phase metric's newest value and its time, and its oldest time (how long an attempt
+    # has been initializing, within what the read covers).
+    "phase_last": "FLOAT64",
+    "phase_last_at": "TIMESTAMP",
+    "phase_first_at": "TIMESTAMP",
 }
 MINUTE_COLUMNS = tuple(MINUTE_TYPES)
 _BUCKET_KEYS = MINUTE_COLUMNS[:6]
 _LOSS_COLUMNS = MINUTE_COLUMNS[8:16]
+PHASE_COLUMNS = ("phase_last", "phase_last_at", "phase_first_at")
+
+
+def _phase_merged(dialect: Dialect) -> dict[str, str]:
+    """The aggregates merging buckets' phase columns: newest value, newest and oldest time."""
+    return {
+        "phase_last": dialect.newest.format("phase_last", "phase_last_at"),
+        "phase_last_at": "MAX(phase_last_at)",
+        "phase_first_at": "MIN(phase_first_at)",
+    }
 
 
 def literal(value: str, what: str) -> str:
@@ -483,6 +501,7 @@ def minute_buckets(
     d = dialect
     names = metric_names(selection)
     loss = literal(selection.metric, "metric")
+    phase = f"name = {literal(selection.phase_metric, 'phase metric')}"
     checks = {key: literal(name, f"{key} metric") for key, name in names.items()}
     runs = f"run_id LIKE {literal(selection.run_pattern, 'run pattern')}"
     t = instant(d, shape)
@@ -538,6 +557,9 @@ def minute_buckets(
         columns[f"{key}_last_at"] = f"MAX({when(mine, t)})"
         columns[f"{key}_last_finite"] = d.newest.format(when(fine, "value"), when(fine, t))
         columns[f"{key}_last_finite_at"] = f"MAX({when(fine, t)})"
+    columns["phase_last"] = d.newest.format(when(phase, "value"), when(phase, t))
+    columns["phase_last_at"] = f"MAX({when(phase, t)})"
+    columns["phase_first_at"] = f"MIN({when(phase, t)})"
     listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
     conditions = "\n  AND ".join(kept)
     return f"""SELECT
@@ -577,6 +599,8 @@ def loss_buckets(
     p = d.param.format
     params["metric"] = selection.metric
     t = instant(d, shape)
+    params["phase_metric"] = selection.phase_metric
+    is_phase = f"name = {p('phase_metric')}"
     if aligned_to:
         index = d.minutes_back.format(t, p(aligned_to))
         minute = d.minutes_earlier.format("bucket_minute", p(aligned_to))
@@ -606,7 +630,11 @@ def loss_buckets(
         selection,
         params,
         # A whole window's bucket takes its minute from its newest row: none per row.
-        [k for k in keys if not k.endswith(" AS bucket_minute")] if whole_window_others else keys,
+        [
+            *([k for k in keys if not k.endswith(" AS bucket_minute")] if whole_window_others else keys),
+            f"{d.if_.format(is_phase, 'value')} AS phase_value",
+            f"{d.if_.format(is_phase, t)} AS phase_at",
+        ],
         f"{time_between(d, shape, params, start, end)}\n    AND (name IS NULL OR name <> {p('metric')})",
         shape,
     )
@@ -642,6 +670,8 @@ def loss_buckets(
         kind = MINUTE_TYPES[column]
         return f"CAST(NULL AS {d.types.get(kind, kind)})"
 
+    loss_columns.update({c: typed_null(c) for c in PHASE_COLUMNS})
+
     other_keys = "cluster, run_id, execution_uid, bucket_minute, job_id"
     others_shared = shared
     if whole_window_others:
@@ -660,6 +690,9 @@ def loss_buckets(
         "sample_at": "MAX(timestamp)",
         **{c: "0" if MINUTE_TYPES[c] == "INT64" else typed_null(c) for c in _LOSS_COLUMNS},
         **job,
+        "phase_last": d.newest.format("phase_value", "phase_at"),
+        "phase_last_at": "MAX(phase_at)",
+        "phase_first_at": "MIN(phase_at)",
     }
 
     def listed(columns: dict[str, str]) -> str:
@@ -799,6 +832,7 @@ def bucket_groups_query(
     source = f"(\n{buckets}\n) AS buckets"
     attempt = _attempt_filter(d, selection, params)
     loss = ",\n  ".join(f"{_merged(c, d.if_.format(attempt, c))} AS {c}" for c in _LOSS_COLUMNS)
+    phase = ",\n  ".join(f"{expression} AS {c}" for c, expression in _phase_merged(d).items())
     sql = f"""SELECT
   run_cluster,
   run_id,
@@ -809,7 +843,8 @@ def bucket_groups_query(
   MAX(sample_at) AS sample_at,
   {loss},
   {d.newest.format("job", "job_at")} AS job,
-  MAX(job_at) AS job_at
+  MAX(job_at) AS job_at,
+  {phase}
 FROM {source}
 GROUP BY run_cluster, run_id, execution_uid, minute, loss_base"""
     return _query(d, sql, params)
@@ -969,6 +1004,7 @@ def _view_parts(
             **{c: loss(c) for c in _LOSS_COLUMNS},
             "job": d.newest.format("job", "job_at"),
             "job_at": "MAX(job_at)",
+            **_phase_merged(d),
         },
     )
     parts = [hour]
@@ -1151,6 +1187,7 @@ def _raw_read(
         **{c: _merged(c, judged(c)) for c in _LOSS_COLUMNS},
         "job": d.newest.format("job", "job_at"),
         "job_at": "MAX(job_at)",
+        **_phase_merged(d),
     }
     parts = [
         f"SELECT\n    {_part(d, HOUR_PART, hour)}\n  FROM buckets"
@@ -1272,6 +1309,7 @@ _TEMPLATE_VALUES = {
     "lossspike_template_project.lossspike_template_dataset.lossspike_template_table": "${telemetry_table}",
     "lossspike_template_service": "${service}",
     "lossspike_template_metric": "${metric}",
+    "lossspike_template_phase_metric": "${phase_metric}",
     "lossspike_template_pattern": "${run_pattern}",
     **{f"lossspike_template_{key}_metric": f"${{{key}_metric}}" for key in CHECK_METRICS},
     "2001-02-03 04:05:06": "${since}",
@@ -1314,6 +1352,7 @@ def rollup_view_template(shape: TelemetryShape = CONTRACT_SHAPE, process: str = 
         Selection(
             service="lossspike_template_service",
             metric="lossspike_template_metric",
+            phase_metric="lossspike_template_phase_metric",
             run_pattern="lossspike_template_pattern",
             process=process,
             **{f"{key}_metric": f"lossspike_template_{key}_metric" for key in CHECK_METRICS},

@@ -195,6 +195,7 @@ resource "google_bigquery_table" "rollup" {
         telemetry_table = var.telemetry_table
         service         = var.service_name
         metric          = var.metric_name
+        phase_metric    = var.phase_metric
         run_pattern     = local.rollup_run_pattern
         since           = local.rollup_since
       },
@@ -213,6 +214,7 @@ resource "time_static" "rollup_built" {
     telemetry_table = var.telemetry_table
     service         = var.service_name
     metric          = var.metric_name
+    phase_metric    = var.phase_metric
     run_pattern     = local.rollup_run_pattern
     check_metrics   = jsonencode(local.check_metrics)
     template        = local.rollup_template

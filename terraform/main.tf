@@ -72,6 +72,9 @@ locals {
   stall_check = { ok = true }[
     var.stall_minutes < var.baseline_minutes ? "ok" : "stall_minutes must be less than baseline_minutes"
   ]
+  initializing_check = { ok = true }[
+    var.initializing_minutes < var.baseline_minutes ? "ok" : "initializing_minutes must be less than baseline_minutes"
+  ]
 
   runbook = var.runbook_url != "" ? var.runbook_url : "docs/runbook.md in the lossspike repository"
 
@@ -100,6 +103,8 @@ locals {
       LOSSSPIKE_MIN_RECENT_SAMPLES   = tostring(var.min_recent_samples)
       LOSSSPIKE_REFERENCE            = var.reference
       LOSSSPIKE_STALL_MINUTES        = tostring(var.stall_minutes)
+      LOSSSPIKE_INITIALIZING_MINUTES = tostring(var.initializing_minutes)
+      LOSSSPIKE_PHASE_METRIC         = var.phase_metric
       LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
       LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)
       LOSSSPIKE_DETECTORS            = var.detectors

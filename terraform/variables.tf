@@ -307,6 +307,28 @@ variable "stall_minutes" {
   }
 }
 
+variable "initializing_minutes" {
+  description = "Minutes an attempt may publish phase INITIALIZING with no loss before it is stalled and pages (Marin's start-up allowance); 0 turns the check off. Less than baseline_minutes."
+  type        = number
+  default     = 45
+
+  validation {
+    condition     = var.initializing_minutes >= 0 && floor(var.initializing_minutes) == tonumber(var.initializing_minutes)
+    error_message = "The initializing_minutes must be a whole number >= 0."
+  }
+}
+
+variable "phase_metric" {
+  description = "Telemetry metric name of Levanter's phase (0 initializing, 1 training, 2 finished); changing it rebuilds the rollup view."
+  type        = string
+  default     = "phase"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.phase_metric))
+    error_message = "The phase_metric must be non-empty and use only letters, digits and _ . % / : @ + - (it is a literal in the rollup view's SQL)."
+  }
+}
+
 # ---------------------------------------------------------------------------------------------
 # The detectors beyond the seed rule (README, "Detectors"); LOSSSPIKE_* of the same names
 # ---------------------------------------------------------------------------------------------

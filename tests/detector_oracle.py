@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oracle import Sample, escaped_like, like
@@ -102,6 +102,7 @@ THRESHOLD_OVERRIDES = (
     "min_recent_samples",
     "reference",
     "stall_minutes",
+    "initializing_minutes",
     "shift_min_rise",
     "shift_sigma",
     "divergence_min_rise",
@@ -119,9 +120,8 @@ THRESHOLD_OVERRIDES = (
 )
 
 
-def policy(overrides: list, cluster: str, run: str, now: datetime, t: Thresholds, scope: str) -> tuple:
-    """(thresholds, silenced, note) of one row of a run: rows of that scope or none (NULL) count;
-    per column the newest row setting it, a row naming the run's cluster first."""
+def _ranked(overrides: list, cluster: str, run: str, now: datetime, scope: str) -> list:
+    """The rows of that scope or none (NULL) in force for a run, best first."""
 
     def counts(row: Any) -> bool:
         row_cluster = None if row.cluster is None else (row.cluster or "unknown")
@@ -132,7 +132,14 @@ def policy(overrides: list, cluster: str, run: str, now: datetime, t: Thresholds
             and escaped_like(row.run_pattern, run)
         )
 
-    ranked = sorted((r for r in overrides if counts(r)), key=lambda r: (r.cluster is not None, r.created_at))[::-1]
+    return sorted((r for r in overrides if counts(r)), key=lambda r: (r.cluster is not None, r.created_at))[::-1]
+
+
+def policy(overrides: list, cluster: str, run: str, now: datetime, t: Thresholds, scope: str) -> tuple:
+    """(thresholds, silenced, note) of one row of a run: rows of that scope or none (NULL) count;
+    per column the newest row setting it, a row naming the run's cluster first."""
+
+    ranked = _ranked(overrides, cluster, run, now, scope)
 
     def newest(column: str) -> Any:
         return next((getattr(r, column) for r in ranked if getattr(r, column) is not None), None)
@@ -163,10 +170,41 @@ def minute_of(now: datetime, moment: datetime) -> int:
     return (micros(now - moment) - 1) // MINUTE_US
 
 
-def newest_attempt(samples: list[Sample]) -> str | None:
-    """The attempt of the newest sample, ties to the larger UID, NULL below every UID."""
-    best = max(samples, key=lambda s: (s.timestamp, s.execution_uid is not None, s.execution_uid or ""))
+def newest_attempt(samples: list[Sample], choosing: tuple[str, ...] = ()) -> str | None:
+    """SPEC "Attempts": the attempt of the newest sample named in `choosing` (the loss and the
+    phase metric), by time, then `seq` (a Sample without one counts as 0), then the larger UID
+    (NULL below every UID); a run with none of those rows falls back to its newest sample."""
+    pool = [s for s in samples if s.name in choosing] or samples
+    best = max(
+        pool,
+        key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0, s.execution_uid is not None, s.execution_uid or ""),
+    )
     return best.execution_uid
+
+
+def rfc3339(moment: datetime) -> str:
+    """The notes' time format: UTC with a Z, microseconds only when present."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def with_note(note: str | None, more: str) -> str:
+    return more if not note else f"{note}; {more}"
+
+
+def phase_of(rows: list[Sample], phase: str, loss: str) -> tuple[float, datetime, datetime, int] | None:
+    """SPEC "Phase", for one attempt's rows of the hour: its newest phase value and time, its
+    oldest phase time, its loss samples; None without a phase row."""
+    mine = [s for s in rows if s.name == phase]
+    if not mine:
+        return None
+    newest = max(mine, key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0))
+    oldest = min(s.timestamp for s in mine)
+    return newest.value, newest.timestamp, oldest, sum(1 for s in rows if s.name == loss)
+
+
+def finished_override(overrides: list, cluster: str, run: str, now: datetime, scope: str) -> bool | None:
+    """The `finished` column the overrides in force resolve to (None: no row sets it)."""
+    return next((r.finished for r in _ranked(overrides, cluster, run, now, scope) if r.finished is not None), None)
 
 
 def _median(values: list[float]) -> float:
@@ -532,7 +570,7 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
         in_hour = [s for s in everything if s.timestamp >= start]
         if not in_hour:
             continue
-        chosen = newest_attempt(in_hour)
+        chosen = newest_attempt(in_hour, (sel.metric, sel.phase_metric))
         mine = [s for s in everything if config.attempts == "all" or s.execution_uid == chosen]
         loss = [s for s in mine if s.name == sel.metric]
         grid = [Minute() for _ in range(hour)]
@@ -564,6 +602,29 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
             width = recent_width(grid, t, widest) if slow else t.recent_minutes
             for name, found in _detector_reasons(grid, history, width, config, t, scale).items():
                 reasons[seed if name == "healthy_or_warming" else name] = found
+        # The phase of the newest attempt (SPEC "Phase").
+        phase = phase_of([s for s in in_hour if s.execution_uid == chosen], sel.phase_metric, sel.metric)
+        finished = (
+            phase is not None
+            and phase[0] == 2
+            and finished_override(list(overrides), cluster, run, now, "loss") is not False
+        )
+        if finished:
+            silenced, note = True, with_note(note, f"the run published FINISHED at {rfc3339(phase[1])}")
+        elif phase is not None and phase[0] == 0 and phase[3] == 0 and "not_finite" not in reasons:
+            since = phase[2]
+            if t.initializing_minutes and since < now - timedelta(minutes=t.initializing_minutes):
+                reasons, note = {"stalled": None}, with_note(note, f"no loss since initializing at {rfc3339(since)}")
+            else:
+                reasons, note = {"warming_up": None}, with_note(note, f"initializing since {rfc3339(since)}")
+        elif phase is not None and "stalled" in reasons:
+            last = windows["last_loss_at"]
+            if (last is None or phase[1] > last) and phase[1] >= now - timedelta(minutes=t.stall_minutes):
+                gone = "the attempt started" if last is None else rfc3339(last)
+                note = with_note(note, f"process alive: phase heartbeat at {rfc3339(phase[1])}, no loss since {gone}")
+            else:
+                newest = phase[1] if last is None else max(phase[1], last)
+                note = with_note(note, f"silent: no loss or phase row since {rfc3339(newest)}")
         # The checks read the newest attempt whatever `attempts` says.
         newest_rows = [s for s in everything if s.execution_uid == chosen]
         data: dict[str, list[Sample]] = {}
@@ -575,6 +636,10 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
             rows = []
             for reason, severity, _, _ in CHECKS:
                 scoped, quiet, scoped_note = policy(list(overrides), cluster, run, now, t0, reason)
+                ended = phase is not None and phase[0] == 2
+                if ended and finished_override(list(overrides), cluster, run, now, reason) is not False:
+                    quiet = True
+                    scoped_note = with_note(scoped_note, f"the run published FINISHED at {rfc3339(phase[1])}")
                 if reason not in checks_on(config.checks, scoped):
                     continue
                 fired = check_row(reason, data, windows, loss_reason, scoped, names, now, scale)

@@ -184,6 +184,7 @@ def judged_fleets(draw) -> tuple[list[Sample], Thresholds]:
         min_recent_samples=draw(st.integers(1, 6)),
         reference=draw(st.sampled_from(["mean", "floor"])),
         stall_minutes=draw(st.integers(0, baseline_minutes - 1)),
+        initializing_minutes=draw(st.integers(0, baseline_minutes - 1)),
     )
     keys = draw(
         st.lists(

@@ -62,6 +62,7 @@ def histories(draw) -> tuple[list[Sample], list, Thresholds, Selection]:
         min_recent_samples=draw(st.integers(1, 5)),
         reference=draw(st.sampled_from(["mean", "floor"])),
         stall_minutes=draw(st.integers(0, baseline - 1)),
+        initializing_minutes=draw(st.integers(0, baseline - 1)),
     )
     selection = draw(st.sampled_from([Selection(), Selection(execution_uids=("e1",)), Selection(run_pattern="%")]))
     rng = random.Random(draw(st.integers(0, 2**32)))

@@ -124,7 +124,9 @@ def test_skipped_steps_of_the_previous_attempt_do_not_count():
     """A retry keeps the run ID and takes a new UID: its skips do not add to the last attempt's."""
     samples = falling_run() + metric("optim_skipped_step", [1.0, 1.0], every=120, uid="attempt-1")
     samples += metric("optim_skipped_step", [1.0, 1.0], every=30, uid="attempt-2")
-    samples += metric("grad_norm_total", [0.5], every=5, uid="attempt-2")
+    # The new attempt's tracker announces it with a phase row (SPEC "Attempts": loss or phase rows
+    # pick the attempt; levanter-telemetry-facts.md section 3: phase is written when the tracker starts).
+    samples += metric("phase", [1.0], every=5, uid="attempt-2")
     assert check_rows(rows_for(samples, Settings())) == []
     samples += metric("optim_skipped_step", [1.0], every=10, uid="attempt-2")
     [row] = check_rows(rows_for(samples, Settings()))
@@ -177,19 +179,21 @@ def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
     assert check_rows(rows_for(few, config)) == []
 
 
-def test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric():
-    """A new attempt that has logged only a gradient norm so far is the one the windows read;
-    between equal times the larger UID wins, and NULL loses to any UID."""
+def test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row():
+    """SPEC "Attempts": a new attempt that has published only its phase so far is the one the
+    windows read; one whose newest row is another metric (another task's UID in real Levanter)
+    is not; between equal times the larger UID wins, and NULL loses to any UID."""
     old = falling_run(minutes=90, shift=0.5, shift_age=6)
-    fresh = Sample(NOW - timedelta(seconds=2), 0.5, "hero-a", name="grad_norm_total", execution_uid="attempt-2")
+    fresh = Sample(NOW - timedelta(seconds=2), 1.0, "hero-a", name="phase", execution_uid="attempt-2")
     row = rows_for([*old, fresh], Settings())[0]
     assert (row["reason"], row["baseline_samples"], row["recent_samples"]) == ("warming_up", 0, 0)
     assert rows_for([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
+    other_task = Sample(NOW - timedelta(seconds=2), 0.5, "hero-a", name="grad_norm_total", execution_uid="attempt-2")
+    assert rows_for([*old, other_task], Settings())[0]["reason"] == "level_shift"
     for older, newer in (("attempt-0", "attempt-1"), (None, "attempt-1")):
-        tie = Sample(old[-1].timestamp, 9.0, "hero-a", name="grad_norm_total", execution_uid=older)
+        tie = Sample(old[-1].timestamp, 9.0, "hero-a", name="train_loss", execution_uid=older)
         row = rows_for([*old, tie], Settings())[0]
         assert row["reason"] == "level_shift", (older, newer)
-        assert check_rows(rows_for([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
 
 
 def test_notify_checks_read_the_newest_finite_value_of_each_metric():

@@ -53,6 +53,7 @@ def test_every_variable_is_read():
         "LOSSSPIKE_MIN_RECENT_SAMPLES": "2",
         "LOSSSPIKE_REFERENCE": "floor",
         "LOSSSPIKE_STALL_MINUTES": "20",
+        "LOSSSPIKE_PHASE_METRIC": "my_phase",
         "LOSSSPIKE_DETECTORS": "instability",
         "LOSSSPIKE_ATTEMPTS": "all",
         "LOSSSPIKE_CHECKS": "grad_norm_high,mfu_low",
@@ -73,7 +74,14 @@ def test_every_variable_is_read():
     assert s.thresholds == Thresholds(30, 3, 4.0, 0.1, 10, 2, "floor", 20, **CHANGED_THRESHOLDS)
     metrics = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
     assert s.selection == Selection(
-        "lev", "loss", run_pattern="big-%", run_ids=("a", "b"), execution_uids=("e1",), process="any", **metrics
+        "lev",
+        "loss",
+        run_pattern="big-%",
+        run_ids=("a", "b"),
+        execution_uids=("e1",),
+        phase_metric="my_phase",
+        process="any",
+        **metrics,
     )
     assert (s.detectors, s.attempts, s.checks) == (("instability",), "all", ("grad_norm_high", "mfu_low"))
 

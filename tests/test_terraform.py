@@ -373,6 +373,8 @@ def test_empty_run_ids_leave_the_variable_unset(workdir: Path) -> None:
         ({"region": "europe-west123"}, "must be a Google Cloud region"),
         ({"min_baseline_samples": 0}, "at least 1"),
         ({"stall_minutes": 90}, "stall_minutes must be less than baseline_minutes"),
+        ({"initializing_minutes": 90}, "initializing_minutes must be less than baseline_minutes"),
+        ({"phase_metric": "phase x"}, "phase_metric must be non-empty"),
         # A view takes no parameters: a value that would need quoting in its SQL is refused.
         ({"run_pattern": "hero-'x"}, "run_pattern must be non-empty"),
         ({"service_name": "lev anter"}, "service_name must be non-empty"),
