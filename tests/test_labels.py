@@ -324,3 +324,28 @@ def test_a_page_check_pages_an_incident_and_a_notify_check_never(demo_db, tmp_pa
     # Without the checks, the loss alone pages neither.
     quiet = json.loads(lossspike(*args, "--labels", str(labels), "--format", "json", "--checks", "none").stdout)
     assert [e["paged"] for e in quiet["labels_report"]["labels"]] == [False, False, False]
+
+
+# --- the matching at its tick edges (issue 27) -------------------------------------------
+
+
+def test_an_episode_ending_on_the_first_tick_after_start_pages_the_label():
+    """The episode began before the label's start and its last tick is the first tick at or
+    after the start: that tick is a paging tick in [start, start + deadline]."""
+    result = replay(history("hero-a", spans(range(3, 6))))
+    mid, on = score(result, label("hero-a", 4.5, 10), label("hero-a", 5, 10))["labels"]
+    assert mid["paged"] and mid["minutes_to_page"] == 0.5
+    assert on["paged"] and on["minutes_to_page"] == 0
+    # One tick later the episode is over: not paged.
+    [after] = score(result, label("hero-a", 5.5, 10))["labels"]
+    assert not after["paged"]
+
+
+def test_a_page_is_false_by_where_it_starts_not_where_it_ends():
+    """SPEC: a page is false "when its episode starts outside" every label's [start, end + 60 min]."""
+    # Starts a tick before the label, ends inside it: false.
+    early = history("hero-a", spans(range(9, 15)))
+    # Starts on the window's last tick (end + 60 min) and runs past it: not false.
+    late = history("hero-b", spans(range(90, 100)))
+    assert score(replay(early), label("hero-a", 10, 20))["false_pages"] == 1
+    assert score(replay(late), label("hero-b", 10, 20))["false_pages"] == 0
