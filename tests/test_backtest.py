@@ -16,7 +16,7 @@ from googlesql import TranspiledBigQuery
 from health_runs import ALL_LIMITS, check_overrides, health_runs, samples_of
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from incidents import store_for
+from incidents import falling_run, store_for
 from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
 from telemetry import telemetry_samples
@@ -490,3 +490,80 @@ def test_backtest_and_plot_help():
         result = lossspike(command, "--help")
         assert result.returncode == 0, result.stderr
         assert "--start" in result.stdout and "[hero-%]" in result.stdout
+
+
+# --- ties, silences and the report's reasons (issue 27) ------------------------------------
+
+
+def two_attempts_tied(value_a: float, value_b: float) -> list[Sample]:
+    """Attempts "a" and "b" of one run logging at the same instants: the newest sample of each is
+    at the same time. "b" steps up by `value_b` in the last six minutes, "a" by `value_a`; "b"
+    also logs a gradient norm over its limit, "a" one under it."""
+    rng = random.Random(4)
+    samples = []
+    for k in range(1, 75 * 6):
+        moment = NOW - timedelta(seconds=10 * k)
+        late = k <= 6 * 6
+        noise = rng.gauss(0, 0.01)
+        samples.append(Sample(moment, 2.0 + noise + (value_a if late else 0.0), "hero-a", execution_uid="a"))
+        samples.append(Sample(moment, 2.0 + noise + (value_b if late else 0.0), "hero-a", execution_uid="b"))
+        if k % 3 == 0 and k <= 20 * 6:
+            samples.append(Sample(moment, 0.5, "hero-a", name="grad_norm_total", execution_uid="a"))
+            samples.append(Sample(moment, 9.0, "hero-a", name="grad_norm_total", execution_uid="b"))
+    return samples
+
+
+def test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate():
+    """SPEC: between rows of equal time the larger execution_uid is the newest attempt. Both
+    attempts' newest rows share every tick's newest instant: the backtest reads "b" as evaluate does."""
+    for value_a, value_b, reason in ((0.0, 1.0, "spiking"), (1.0, 0.0, "healthy")):
+        store = store_for(two_attempts_tied(value_a, value_b))
+        ticks = tick_times(NOW - timedelta(minutes=1), NOW)
+        [result] = backtest(store, Settings(), ticks, detail=True)
+        for i, tick in enumerate(ticks):
+            want = evaluate(store, Settings(), tick)
+            assert want[0]["reason"] == reason, (tick, want[0])
+            # "b"'s gradient norm, not "a"'s.
+            assert [(r["reason"], r["observed"]) for r in want[1:]] == [("grad_norm_high", 9.0)], want[1:]
+            assert result.runs[0].reason(i) == reason
+            assert_same_rows(result.rows_at(i), want, tick)
+
+
+def grad_norm_run() -> list[Sample]:
+    """A healthy loss and a gradient norm above its limit for the last 20 minutes."""
+    norms = [Sample(NOW - timedelta(seconds=30 * k + 7), 9.0, "hero-a", name="grad_norm_total") for k in range(0, 40)]
+    return falling_run(minutes=120) + norms
+
+
+def test_a_silenced_page_check_is_no_episode():
+    """A silence scoped to grad_norm_high: the check's rows keep their reason with value 0 and
+    the backtest counts no page; without the silence the same run pages once."""
+    samples = grad_norm_run()
+    ticks = tick_times(NOW - timedelta(minutes=10), NOW)
+    loud = backtest(store_for(samples), Settings(), ticks)[0]
+    assert [(e.run, e.reasons) for e in loud.episodes()] == [("hero-a", ("grad_norm_high",))]
+    silence = OverrideRow(
+        "hero-a", NOW - timedelta(minutes=30), silenced_until=NOW + timedelta(hours=1), reason="grad_norm_high"
+    )
+    store = store_for(samples, [silence])
+    try:
+        [quiet] = backtest(store, Settings(), ticks)
+        [row] = [r for r in evaluate(store, Settings(), NOW) if r["metric"] is not None]
+    finally:
+        store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+    assert (row["reason"], row["value"], row["silenced"]) == ("grad_norm_high", 0, True)
+    assert quiet.episodes() == [] and quiet.summary()["pages"] == 0
+
+
+def test_the_episodes_table_names_every_reason_an_episode_passed_through():
+    """One page that went spiking -> not_finite -> stalled: the table's reason cell says all three."""
+    from lossspike.backtest import Backtest, RunHistory
+    from lossspike.report import report_table
+
+    codes = np.full(30, REASONS.index("healthy"), dtype=np.int8)
+    codes[10:13], codes[13:15], codes[15] = (REASONS.index(r) for r in ("spiking", "not_finite", "stalled"))
+    ticks = tick_times(NOW - timedelta(minutes=29), NOW)
+    history = RunHistory("c1", "hero-a", codes, np.full(30, np.nan), np.zeros(30, dtype=bool))
+    table = report_table([Backtest(ticks, 1, Thresholds(), [history])], ["A"])
+    [line] = [line for line in table.splitlines() if line.startswith("c1") and "hero-a" in line and "T" in line]
+    assert line.split()[2] == "spiking+not_finite+stalled", table
