@@ -13,8 +13,8 @@ import pytest
 from commandline import lossspike, one_line_error
 from conftest import NOW, seed_settings, store_with
 from googlesql import TranspiledBigQuery
-from health_runs import ALL_LIMITS, check_overrides, health_runs, samples_of
-from hypothesis import HealthCheck, event, given, settings
+from health_runs import ALL_LIMITS, GENERAL, HealthRun, Stream, check_overrides, health_runs, samples_of
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from incidents import falling_run, store_for
 from oracle import Sample, assert_rows_match, expected
@@ -250,32 +250,69 @@ def assert_same_rows(got: list[dict], want: list[dict], where: object) -> None:
                 assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (where, key, a, b)
 
 
+@st.composite
+def check_fleets(draw) -> tuple[tuple[HealthRun, ...], list[OverrideRow]]:
+    """One or two runs publishing the health metrics, and override rows scoped to one check, the
+    loss or the run (with ALL_LIMITS' model-specific thresholds, see the test)."""
+    runs = [draw(health_runs("hero-a"))]
+    if draw(st.booleans()):
+        runs.append(draw(health_runs("hero-b")))
+    overrides = draw(check_overrides([r.run_id for r in runs], model_specific=True))
+    if draw(st.booleans()):
+        # A limit for one check of one run, written part way through the range: the ticks before
+        # it judge the check on the settings' limit, the ticks after on the row's.
+        written = NOW - timedelta(minutes=draw(st.integers(0, 12)))
+        overrides.append(OverrideRow("hero-a", written, grad_norm_limit=1.0, reason="grad_norm_high", note="tight"))
+        event("override: grad_norm_high limit mid-range")
+    return tuple(runs), overrides
+
+
+# An evaluation every 10 minutes, the newest at 11:40 and worse than the one before (seed 5 makes
+# it so): at every tick from 11:44 to 12:00 the newest evaluation is 4 to 20 minutes old, fresh
+# (SPEC: at most 30 min old) but far more than a minute old, and eval_regressed fires.
+STALE_BY_A_MINUTE = (
+    (HealthRun("hero-a", 5, (Stream("eval", 200.0, 10.0, 600.0, 0.0),), 0.01, 0.0, 0.0, ("e1", "e2")),),
+    [],
+)
+
+
+def eval_older_than_a_minute_fires(samples: list[Sample], tick, rows: list[dict]) -> bool:
+    """Whether eval_regressed fired at `tick` on an evaluation more than a minute old."""
+    fired = {r["run"] for r in rows if r["reason"] == "eval_regressed"}
+    for run in fired:
+        newest = max(
+            s.timestamp
+            for s in samples
+            if s.run_id == run and s.name == "eval_paloma_macro_loss" and s.timestamp < tick
+        )
+        if tick - newest > timedelta(minutes=1):
+            return True
+    return False
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
-    data=st.data(),
+    case=check_fleets(),
     limits=st.sampled_from([Thresholds(), ALL_LIMITS]),
     listed=st.sampled_from([None, None, ("grad_norm_high", "steps_skipped", "eval_regressed"), ("loss_jump",)]),
     attempts=st.sampled_from(["newest", "newest", "all"]),
     every=st.sampled_from([1, 2, 3]),
 )
-def test_backtest_check_rows_match_evaluate_at_every_tick(data, limits, listed, attempts, every):
+@example(case=STALE_BY_A_MINUTE, limits=Thresholds(), listed=None, attempts="newest", every=1)
+def test_backtest_check_rows_match_evaluate_at_every_tick(case, limits, listed, attempts, every):
     """Runs publishing the health metrics (attempt changes, stale and non-finite newest values,
     evaluations a day apart) with override rows scoped to one check, the loss or the run: at every
-    tick the backtest gives evaluate's rows, check rows included."""
-    runs = [data.draw(health_runs("hero-a"))]
-    if data.draw(st.booleans()):
-        runs.append(data.draw(health_runs("hero-b")))
+    tick the backtest gives evaluate's rows, check rows included. The explicit example holds an
+    evaluation between one and thirty minutes old at every tick (the edge of its freshness)."""
+    runs, overrides = case
+    if limits is not ALL_LIMITS:
+        # A model-specific threshold set for one run only turns its check on (test_checks tests it).
+        overrides = [r for r in overrides if r.reason in (*GENERAL, "loss", None)]
     samples = [s for run in runs for s in samples_of(run)]
-    overrides = data.draw(check_overrides([r.run_id for r in runs], model_specific=limits is ALL_LIMITS))
-    if data.draw(st.booleans()):
-        # A limit for one check of one run, written part way through the range: the ticks before
-        # it judge the check on the settings' limit, the ticks after on the row's.
-        written = NOW - timedelta(minutes=data.draw(st.integers(0, 12)))
-        overrides.append(OverrideRow("hero-a", written, grad_norm_limit=1.0, reason="grad_norm_high", note="tight"))
-        event("override: grad_norm_high limit mid-range")
     config = Settings(thresholds=limits, checks=listed, attempts=attempts)
     ticks = tick_times(NOW - timedelta(minutes=16), NOW, every)
     store = store_for(samples, overrides)
+    reached = False
     try:
         [result] = backtest(store, config, ticks, detail=True)
         for i, tick in enumerate(ticks):
@@ -283,9 +320,20 @@ def test_backtest_check_rows_match_evaluate_at_every_tick(data, limits, listed, 
             for row in want:
                 if row["metric"] is not None:
                     event(f"check row: {row['reason']}")
+            reached |= eval_older_than_a_minute_fires(samples, tick, want)
             assert_same_rows(result.rows_at(i), want, tick)
     finally:
         store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+    event(f"eval_regressed on an evaluation 1-30 min old: {'reached' if reached else 'not reached'}")
+
+
+def test_the_check_replays_explicit_example_reaches_the_freshness_edge():
+    """The explicit example above must stay on its edge, or it would catch nothing."""
+    [run], _ = STALE_BY_A_MINUTE
+    samples = samples_of(run)
+    ticks = tick_times(NOW - timedelta(minutes=16), NOW)
+    store = store_for(samples)
+    assert any(eval_older_than_a_minute_fires(samples, t, evaluate(store, Settings(), t)) for t in ticks)
 
 
 def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
