@@ -783,8 +783,10 @@ MUTANTS = [
     Mutant(
         "issue 27: instability's reference window takes in the minute it judges",
         "lossspike/detectors.py",
-        "before = np.lib.stride_tricks.sliding_window_view(means, REFERENCE_MINUTES, axis=-1)[..., :-1, :]",
-        "before = np.lib.stride_tricks.sliding_window_view(means, REFERENCE_MINUTES, axis=-1)[..., 1:, :]",
+        "(means, REFERENCE_MINUTES, axis=-1)[..., :-1, :]\n"
+        "    spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., :-1, :]",
+        "(means, REFERENCE_MINUTES, axis=-1)[..., 1:, :]\n"
+        "    spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., 1:, :]",
         [f"{DETECTORS}::test_default_settings_match_the_oracle"],
     ),
     Mutant(
