@@ -753,6 +753,14 @@ MUTANTS = [
         ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
     ),
     Mutant(
+        "issue 27: backtest: the loss windows' attempt ties go to the smaller UID (the checks' stay right)",
+        "lossspike/backtest.py",
+        "        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)\n",
+        "        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)\n"
+        "        sampled = np.where(sampled != minutes.NO_TIME, sampled - group_code[mine][:, None], sampled)\n",
+        ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
+    ),
+    Mutant(
         "issue 27: backtest: a silenced page check counts in the episodes",
         "lossspike/backtest.py",
         "reasons = history.check_reasons(tick, severity, silenced=False)",
