@@ -734,6 +734,108 @@ MUTANTS = [
         "            scoped = policy",
         [f"{CHECKS}::test_a_checks_threshold_comes_from_its_scoped_override_row", *CHECK_PROPERTIES],
     ),
+    # --- issue 27: the edges the property tests rarely draw, each with an example test ---
+    Mutant(
+        "issue 27: level_shift pages a floor exactly at its limit",
+        "lossspike/detectors.py",
+        "& (observed > limit) & (jump >= limit / 2)",
+        "& (observed >= limit) & (jump >= limit / 2)",
+        [f"{DETECTORS}::test_a_level_shift_exactly_at_its_limit_does_not_page_and_one_ulp_more_does"],
+    ),
+    Mutant(
+        "issue 27: level_shift takes a fall into the window for the step of a shift",
+        "lossspike/detectors.py",
+        "jump = _quiet(np.nanmax, np.where(near, steps, np.nan), axis=-1)",
+        "jump = _quiet(np.nanmax, np.where(near, np.abs(steps), np.nan), axis=-1)",
+        [f"{DETECTORS}::test_a_loss_that_flattens_after_a_fall_into_the_window_is_no_level_shift"],
+    ),
+    Mutant(
+        "issue 27: raw read: a history block counts NaN rows and other attempts' rows",
+        "lossspike/sql.py",
+        '"loss_finite": f"COUNT({judged(\'loss_value\')})",',
+        '"loss_finite": "COUNT(*)",',
+        [f"{DETECTORS}::test_a_history_block_counts_only_the_judged_attempts_finite_losses"],
+    ),
+    Mutant(
+        "issue 27: throughput_low and mfu_low fire at half the minutes below the floor",
+        "lossspike/checks.py",
+        "if sum(m < floor for m in means) * 2 > len(means):",
+        "if sum(m < floor for m in means) * 2 >= len(means):",
+        [f"{CHECKS}::test_half_the_minutes_below_the_floor_is_not_most_of_them"],
+    ),
+    Mutant(
+        "issue 27: labels: an episode ending on the first tick after start misses the label",
+        "lossspike/labels.py",
+        "return tick if tick <= span.last else None",
+        "return tick if tick < span.last else None",
+        ["tests/test_labels.py::test_an_episode_ending_on_the_first_tick_after_start_pages_the_label"],
+    ),
+    Mutant(
+        "issue 27: labels: a page is false by its last tick, not its first",
+        "lossspike/labels.py",
+        "if not any(_covers(label, s.cluster, s.run, s.first) for label",
+        "if not any(_covers(label, s.cluster, s.run, s.last) for label",
+        ["tests/test_labels.py::test_a_page_is_false_by_where_it_starts_not_where_it_ends"],
+    ),
+    Mutant(
+        "issue 27: backtest: newest-attempt ties go to the smaller UID",
+        "lossspike/backtest.py",
+        "better = (times[group] >= best[run[group]]) & (times[group] != minutes.NO_TIME)",
+        "better = (times[group] > best[run[group]]) & (times[group] != minutes.NO_TIME)",
+        ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
+    ),
+    Mutant(
+        "issue 27: backtest: the loss windows' attempt ties go to the smaller UID (the checks' stay right)",
+        "lossspike/backtest.py",
+        "        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)\n",
+        "        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)\n"
+        "        sampled = np.where(sampled != minutes.NO_TIME, sampled - group_code[mine][:, None], sampled)\n",
+        ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
+    ),
+    Mutant(
+        "issue 27: backtest: a silenced page check counts in the episodes",
+        "lossspike/backtest.py",
+        "reasons = history.check_reasons(tick, severity, silenced=False)",
+        "reasons = history.check_reasons(tick, severity, silenced=True)",
+        ["tests/test_backtest.py::test_a_silenced_page_check_is_no_episode"],
+    ),
+    Mutant(
+        "issue 27: backtest report: the episodes table shows the first reason only",
+        "lossspike/report.py",
+        '"+".join(e.reasons), format_rfc3339(e.first_tick)',
+        "e.reason, format_rfc3339(e.first_tick)",
+        ["tests/test_backtest.py::test_the_episodes_table_names_every_reason_an_episode_passed_through"],
+    ),
+    Mutant(
+        "issue 27: cost: priced per TB, not per TiB",
+        "lossspike/cost.py",
+        "TIB = 2**40",
+        "TIB = 10**12",
+        ["tests/test_cost.py::test_dollars_are_bytes_in_tib_times_the_list_price"],
+    ),
+    Mutant(
+        "issue 27: function: the schedule header's digits read in the process time zone",
+        "lossspike/function.py",
+        "        moment = parse_rfc3339(header)\n",
+        "        moment = parse_rfc3339(header).replace(tzinfo=None).astimezone(parse_rfc3339(header).tzinfo)\n",
+        ["tests/test_cloud.py::test_the_schedule_header_is_utc_whatever_the_process_time_zone"],
+    ),
+    Mutant(
+        "issue 27: instability's reference window takes in the minute it judges",
+        "lossspike/detectors.py",
+        "(means, REFERENCE_MINUTES, axis=-1)[..., :-1, :]\n"
+        "    spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., :-1, :]",
+        "(means, REFERENCE_MINUTES, axis=-1)[..., 1:, :]\n"
+        "    spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., 1:, :]",
+        [f"{DETECTORS}::test_default_settings_match_the_oracle"],
+    ),
+    Mutant(
+        "issue 27: backtest checks: an evaluation is fresh for one minute, not thirty",
+        "lossspike/backtest.py",
+        "self.tick_micros[tick] - EVAL_FRESH_MINUTES * minutes.MICROS_PER_MINUTE",
+        "self.tick_micros[tick] - minutes.MICROS_PER_MINUTE",
+        [BACKTEST_CHECKS],
+    ),
 ]
 
 

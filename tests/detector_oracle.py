@@ -291,17 +291,21 @@ def slow_divergence(grid: list[Minute], history: dict[int, list[float]], horizon
     return Decision(current > limit, current, limit, _near(current, limit, scale))
 
 
-def instability(grid: list[Minute], t: Thresholds, scale: float) -> Decision:
+def instability(grid: list[Minute], t: Thresholds, scale: float, own_minute: bool = False) -> Decision:
     """Separate episodes of excursions: a minute whose peak clears the median mean of the ten
     minutes before it (five with data at least) by max(min_rise, sigma x their spread: the
     median within-minute standard deviation, or where no minute has two losses, 1.4826 x the
-    median absolute deviation of their means from that median)."""
+    median absolute deviation of their means from that median).
+
+    `own_minute` shifts the reference to the ten minutes ending with the judged one: not SPEC,
+    the planted bug the property tests must reach (see `own_minute_matters`)."""
     marked = [False] * len(grid)
     edge = False
+    shift = 1 if own_minute else 0
     for j in range(REFERENCE_MINUTES, len(grid)):
         if not grid[j].values:
             continue
-        before = grid[j - REFERENCE_MINUTES : j]
+        before = grid[j - REFERENCE_MINUTES + shift : j + shift]
         means = [m.mean for m in before if m.values]
         if len(means) < MIN_REFERENCE_MINUTES:
             continue
@@ -526,7 +530,13 @@ def _seed_reasons(w: dict[str, Any], t: Thresholds, now: datetime, scale: float)
 
 
 def _detector_reasons(
-    grid: list[Minute], history: dict[int, list[float]], width: int, config: Config, t: Thresholds, scale: float
+    grid: list[Minute],
+    history: dict[int, list[float]],
+    width: int,
+    config: Config,
+    t: Thresholds,
+    scale: float,
+    own_minute: bool = False,
 ) -> dict[str, tuple[float, float] | None]:
     """The reasons the detectors allow, in order; each detector on the edge may go either way."""
     found: dict[str, tuple[float, float] | None] = {}
@@ -539,7 +549,7 @@ def _detector_reasons(
             horizon = config.thresholds.divergence_minutes
             decision = slow_divergence(grid, history, horizon, t, scale)
         else:
-            decision = instability(grid, t, scale)
+            decision = instability(grid, t, scale, own_minute)
         if decision.fired or decision.edge:
             found[name] = (decision.observed, decision.limit)
         if decision.fired and not decision.edge:
@@ -548,8 +558,11 @@ def _detector_reasons(
     return found
 
 
-def expect(samples: list[Sample], now: datetime, config: Config, overrides: list | tuple = ()) -> list[Expectation]:
-    """Per enrolled run, in (cluster, run) code-point order, what SPEC asks of its rows."""
+def expect(
+    samples: list[Sample], now: datetime, config: Config, overrides: list | tuple = (), own_minute: bool = False
+) -> list[Expectation]:
+    """Per enrolled run, in (cluster, run) code-point order, what SPEC asks of its rows
+    (`own_minute`: instability's planted bug, see `instability`)."""
     t0, sel = config.thresholds, config.selection
     assert not sel.execution_uids, "the detector oracle reads whole attempts"
     hour = t0.baseline_minutes
@@ -600,7 +613,7 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
                 continue
             widest = t0.max_recent_minutes
             width = recent_width(grid, t, widest) if slow else t.recent_minutes
-            for name, found in _detector_reasons(grid, history, width, config, t, scale).items():
+            for name, found in _detector_reasons(grid, history, width, config, t, scale, own_minute).items():
                 reasons[seed if name == "healthy_or_warming" else name] = found
         # The phase of the newest attempt (SPEC "Phase").
         phase = phase_of([s for s in in_hour if s.execution_uid == chosen], sel.phase_metric, sel.metric)
@@ -649,6 +662,14 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
             checks[loss_reason] = rows
         out.append(Expectation(cluster, run, reasons, windows, silenced, note, scale, checks, chosen))
     return out
+
+
+def own_minute_matters(samples: list[Sample], now: datetime, config: Config, overrides: list | tuple = ()) -> bool:
+    """Whether some run's loss verdict would change if instability's reference window took in the
+    minute it judges: the edge a property test must draw for that bug to be caught."""
+    right = [set(e.reasons) for e in expect(samples, now, config, overrides)]
+    wrong = [set(e.reasons) for e in expect(samples, now, config, overrides, own_minute=True)]
+    return right != wrong
 
 
 # --- comparing evaluate's rows with the expectations ----------------------------

@@ -13,10 +13,10 @@ import pytest
 from commandline import lossspike, one_line_error
 from conftest import NOW, seed_settings, store_with
 from googlesql import TranspiledBigQuery
-from health_runs import ALL_LIMITS, check_overrides, health_runs, samples_of
-from hypothesis import HealthCheck, event, given, settings
+from health_runs import ALL_LIMITS, GENERAL, HealthRun, Stream, check_overrides, health_runs, samples_of
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from incidents import store_for
+from incidents import falling_run, store_for
 from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
 from telemetry import telemetry_samples
@@ -251,32 +251,69 @@ def assert_same_rows(got: list[dict], want: list[dict], where: object) -> None:
                 assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (where, key, a, b)
 
 
+@st.composite
+def check_fleets(draw) -> tuple[tuple[HealthRun, ...], list[OverrideRow]]:
+    """One or two runs publishing the health metrics, and override rows scoped to one check, the
+    loss or the run (with ALL_LIMITS' model-specific thresholds, see the test)."""
+    runs = [draw(health_runs("hero-a"))]
+    if draw(st.booleans()):
+        runs.append(draw(health_runs("hero-b")))
+    overrides = draw(check_overrides([r.run_id for r in runs], model_specific=True))
+    if draw(st.booleans()):
+        # A limit for one check of one run, written part way through the range: the ticks before
+        # it judge the check on the settings' limit, the ticks after on the row's.
+        written = NOW - timedelta(minutes=draw(st.integers(0, 12)))
+        overrides.append(OverrideRow("hero-a", written, grad_norm_limit=1.0, reason="grad_norm_high", note="tight"))
+        event("override: grad_norm_high limit mid-range")
+    return tuple(runs), overrides
+
+
+# An evaluation every 10 minutes, the newest at 11:40 and worse than the one before (seed 5 makes
+# it so): at every tick from 11:44 to 12:00 the newest evaluation is 4 to 20 minutes old, fresh
+# (SPEC: at most 30 min old) but far more than a minute old, and eval_regressed fires.
+STALE_BY_A_MINUTE = (
+    (HealthRun("hero-a", 5, (Stream("eval", 200.0, 10.0, 600.0, 0.0),), 0.01, 0.0, 0.0, ("e1", "e2")),),
+    [],
+)
+
+
+def eval_older_than_a_minute_fires(samples: list[Sample], tick, rows: list[dict]) -> bool:
+    """Whether eval_regressed fired at `tick` on an evaluation more than a minute old."""
+    fired = {r["run"] for r in rows if r["reason"] == "eval_regressed"}
+    for run in fired:
+        newest = max(
+            s.timestamp
+            for s in samples
+            if s.run_id == run and s.name == "eval_paloma_macro_loss" and s.timestamp < tick
+        )
+        if tick - newest > timedelta(minutes=1):
+            return True
+    return False
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
-    data=st.data(),
+    case=check_fleets(),
     limits=st.sampled_from([Thresholds(), ALL_LIMITS]),
     listed=st.sampled_from([None, None, ("grad_norm_high", "steps_skipped", "eval_regressed"), ("loss_jump",)]),
     attempts=st.sampled_from(["newest", "newest", "all"]),
     every=st.sampled_from([1, 2, 3]),
 )
-def test_backtest_check_rows_match_evaluate_at_every_tick(data, limits, listed, attempts, every):
+@example(case=STALE_BY_A_MINUTE, limits=Thresholds(), listed=None, attempts="newest", every=1)
+def test_backtest_check_rows_match_evaluate_at_every_tick(case, limits, listed, attempts, every):
     """Runs publishing the health metrics (attempt changes, stale and non-finite newest values,
     evaluations a day apart) with override rows scoped to one check, the loss or the run: at every
-    tick the backtest gives evaluate's rows, check rows included."""
-    runs = [data.draw(health_runs("hero-a"))]
-    if data.draw(st.booleans()):
-        runs.append(data.draw(health_runs("hero-b")))
+    tick the backtest gives evaluate's rows, check rows included. The explicit example holds an
+    evaluation between one and thirty minutes old at every tick (the edge of its freshness)."""
+    runs, overrides = case
+    if limits is not ALL_LIMITS:
+        # A model-specific threshold set for one run only turns its check on (test_checks tests it).
+        overrides = [r for r in overrides if r.reason in (*GENERAL, "loss", None)]
     samples = [s for run in runs for s in samples_of(run)]
-    overrides = data.draw(check_overrides([r.run_id for r in runs], model_specific=limits is ALL_LIMITS))
-    if data.draw(st.booleans()):
-        # A limit for one check of one run, written part way through the range: the ticks before
-        # it judge the check on the settings' limit, the ticks after on the row's.
-        written = NOW - timedelta(minutes=data.draw(st.integers(0, 12)))
-        overrides.append(OverrideRow("hero-a", written, grad_norm_limit=1.0, reason="grad_norm_high", note="tight"))
-        event("override: grad_norm_high limit mid-range")
     config = Settings(thresholds=limits, checks=listed, attempts=attempts)
     ticks = tick_times(NOW - timedelta(minutes=16), NOW, every)
     store = store_for(samples, overrides)
+    reached = False
     try:
         [result] = backtest(store, config, ticks, detail=True)
         for i, tick in enumerate(ticks):
@@ -284,9 +321,20 @@ def test_backtest_check_rows_match_evaluate_at_every_tick(data, limits, listed, 
             for row in want:
                 if row["metric"] is not None:
                     event(f"check row: {row['reason']}")
+            reached |= eval_older_than_a_minute_fires(samples, tick, want)
             assert_same_rows(result.rows_at(i), want, tick)
     finally:
         store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+    event(f"eval_regressed on an evaluation 1-30 min old: {'reached' if reached else 'not reached'}")
+
+
+def test_the_check_replays_explicit_example_reaches_the_freshness_edge():
+    """The explicit example above must stay on its edge, or it would catch nothing."""
+    [run], _ = STALE_BY_A_MINUTE
+    samples = samples_of(run)
+    ticks = tick_times(NOW - timedelta(minutes=16), NOW)
+    store = store_for(samples)
+    assert any(eval_older_than_a_minute_fires(samples, t, evaluate(store, Settings(), t)) for t in ticks)
 
 
 def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
@@ -491,3 +539,80 @@ def test_backtest_and_plot_help():
         result = lossspike(command, "--help")
         assert result.returncode == 0, result.stderr
         assert "--start" in result.stdout and "[hero-%]" in result.stdout
+
+
+# --- ties, silences and the report's reasons (issue 27) ------------------------------------
+
+
+def two_attempts_tied(value_a: float, value_b: float) -> list[Sample]:
+    """Attempts "a" and "b" of one run logging at the same instants: the newest sample of each is
+    at the same time. "b" steps up by `value_b` in the last six minutes, "a" by `value_a`; "b"
+    also logs a gradient norm over its limit, "a" one under it."""
+    rng = random.Random(4)
+    samples = []
+    for k in range(1, 75 * 6):
+        moment = NOW - timedelta(seconds=10 * k)
+        late = k <= 6 * 6
+        noise = rng.gauss(0, 0.01)
+        samples.append(Sample(moment, 2.0 + noise + (value_a if late else 0.0), "hero-a", execution_uid="a"))
+        samples.append(Sample(moment, 2.0 + noise + (value_b if late else 0.0), "hero-a", execution_uid="b"))
+        if k % 3 == 0 and k <= 20 * 6:
+            samples.append(Sample(moment, 0.5, "hero-a", name="grad_norm_total", execution_uid="a"))
+            samples.append(Sample(moment, 9.0, "hero-a", name="grad_norm_total", execution_uid="b"))
+    return samples
+
+
+def test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate():
+    """SPEC: between rows of equal time the larger execution_uid is the newest attempt. Both
+    attempts' newest rows share every tick's newest instant: the backtest reads "b" as evaluate does."""
+    for value_a, value_b, reason in ((0.0, 1.0, "spiking"), (1.0, 0.0, "healthy")):
+        store = store_for(two_attempts_tied(value_a, value_b))
+        ticks = tick_times(NOW - timedelta(minutes=1), NOW)
+        [result] = backtest(store, Settings(), ticks, detail=True)
+        for i, tick in enumerate(ticks):
+            want = evaluate(store, Settings(), tick)
+            assert want[0]["reason"] == reason, (tick, want[0])
+            # "b"'s gradient norm, not "a"'s.
+            assert [(r["reason"], r["observed"]) for r in want[1:]] == [("grad_norm_high", 9.0)], want[1:]
+            assert result.runs[0].reason(i) == reason
+            assert_same_rows(result.rows_at(i), want, tick)
+
+
+def grad_norm_run() -> list[Sample]:
+    """A healthy loss and a gradient norm above its limit for the last 20 minutes."""
+    norms = [Sample(NOW - timedelta(seconds=30 * k + 7), 9.0, "hero-a", name="grad_norm_total") for k in range(0, 40)]
+    return falling_run(minutes=120) + norms
+
+
+def test_a_silenced_page_check_is_no_episode():
+    """A silence scoped to grad_norm_high: the check's rows keep their reason with value 0 and
+    the backtest counts no page; without the silence the same run pages once."""
+    samples = grad_norm_run()
+    ticks = tick_times(NOW - timedelta(minutes=10), NOW)
+    loud = backtest(store_for(samples), Settings(), ticks)[0]
+    assert [(e.run, e.reasons) for e in loud.episodes()] == [("hero-a", ("grad_norm_high",))]
+    silence = OverrideRow(
+        "hero-a", NOW - timedelta(minutes=30), silenced_until=NOW + timedelta(hours=1), reason="grad_norm_high"
+    )
+    store = store_for(samples, [silence])
+    try:
+        [quiet] = backtest(store, Settings(), ticks)
+        [row] = [r for r in evaluate(store, Settings(), NOW) if r["metric"] is not None]
+    finally:
+        store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
+    assert (row["reason"], row["value"], row["silenced"]) == ("grad_norm_high", 0, True)
+    assert quiet.episodes() == [] and quiet.summary()["pages"] == 0
+
+
+def test_the_episodes_table_names_every_reason_an_episode_passed_through():
+    """One page that went spiking -> not_finite -> stalled: the table's reason cell says all three."""
+    from lossspike.backtest import Backtest, RunHistory
+    from lossspike.report import report_table
+
+    codes = np.full(30, REASONS.index("healthy"), dtype=np.int8)
+    codes[10:13], codes[13:15], codes[15] = (REASONS.index(r) for r in ("spiking", "not_finite", "stalled"))
+    ticks = tick_times(NOW - timedelta(minutes=29), NOW)
+    history = RunHistory("c1", "hero-a", codes, np.full(30, np.nan), np.zeros(30, dtype=bool))
+    table = report_table([Backtest(ticks, 1, Thresholds(), [history])], ["A"])
+    [line] = [line for line in table.splitlines() if line.startswith("c1") and "hero-a" in line and "T" in line]
+    assert line.split()[2] == "spiking+not_finite+stalled", table

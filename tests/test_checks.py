@@ -242,3 +242,31 @@ def test_loss_jump_fires_beside_a_healthy_loss_row_only():
     quiet = [Sample(s.timestamp, 2.5 + (1.2 if NOW - s.timestamp < 5 * MINUTE else 0.0), "hero-a") for s in noisy]
     rows = rows_for(quiet, Settings(detectors=()))
     assert rows[0]["reason"] == "spiking" and check_rows(rows) == []
+
+
+def minute_means(name: str, means: list[float], run: str = "hero-a") -> list[Sample]:
+    """Two samples of `name` in each of the last len(means) minutes, averaging that minute's mean."""
+    out = []
+    for k, mean in enumerate(means):
+        moment = NOW - (len(means) - k) * MINUTE + timedelta(seconds=10)
+        out += [Sample(moment + timedelta(seconds=s), mean + d, run, name=name) for s, d in ((0, -1.0), (20, 1.0))]
+    return out
+
+
+def test_half_the_minutes_below_the_floor_is_not_most_of_them():
+    """SPEC: "more than half" of the minutes with samples have a mean below the floor. Six of
+    twelve minutes below says nothing, for throughput and MFU alike; a seventh fires. The low
+    minutes come first, so seven of them stay most of the minutes at each of the ticks before
+    (a pending period sees the same condition)."""
+    limits = Thresholds(throughput_floor=1000.0, mfu_floor=40.0)
+    for name, low, high, reason in (
+        ("throughput_tokens_per_second", 900.0, 1100.0, "throughput_low"),
+        ("throughput_mfu", 30.0, 50.0, "mfu_low"),
+    ):
+        half = falling_run() + minute_means(name, [low] * 6 + [high] * 6)
+        assert check_rows(rows_for(half, Settings(thresholds=limits))) == [], name
+        most = falling_run() + minute_means(name, [low] * 7 + [high] * 6)
+        [row] = check_rows(rows_for(most, Settings(thresholds=limits)))
+        # Seven of thirteen minute means are `low`: the median is one of them.
+        assert (row["reason"], row["severity"], row["observed"]) == (reason, "notify", low), name
+        assert_matches(rows_for(most, Settings(thresholds=limits)), expect(most, NOW, Config(thresholds=limits)))

@@ -7,7 +7,9 @@ server errors. Verdicts are checked against the plain-Python recomputation.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -690,3 +692,57 @@ def test_a_retried_tick_of_1200_paging_runs_answers_ok_through_the_function(emul
     assert len(monitoring.points) == runs + 1
     [(count,)] = deployment.admin.query(f"SELECT COUNT(*) FROM `{deployment.alerts}`").result()
     assert count == runs
+
+
+@contextlib.contextmanager
+def process_time_zone(zone: str):
+    """The whole process in `zone` (TZ and time.tzset()), restored after."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = zone
+    time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+
+
+@pytest.mark.parametrize("zone", ["America/Los_Angeles", "Asia/Kolkata"])
+def test_the_schedule_header_is_utc_whatever_the_process_time_zone(zone, tmp_path, monkeypatch):
+    """Scheduler's header is RFC 3339 with its offset; its digits never mean the host's local time.
+    Through the functions-framework app on the embedded default, in a process whose zone is 8 hours
+    behind UTC or 5.5 ahead: the tick runs at 12:00Z and gives the verdicts it gives under UTC."""
+    from functions_framework import create_app
+
+    from lossspike.demo import write_demo_database
+
+    def tick(name: str, header: str) -> dict:
+        database = tmp_path / f"{name}.duckdb"
+        write_demo_database(database, NOW)
+        monkeypatch.setenv("LOSSSPIKE_BACKEND", "duckdb")
+        monkeypatch.setenv("LOSSSPIKE_DATABASE", str(database))
+        http = create_app("evaluate", str(REPO / "main.py")).test_client()
+        try:
+            response = http.post("/", headers={"X-CloudScheduler-ScheduleTime": header})
+        finally:
+            backend = sys.modules["main"]._BACKEND
+            if backend:
+                backend[0].store.close()
+        assert response.status_code == 200, response.json
+        return response.json
+
+    with process_time_zone("UTC"):
+        want = tick("utc", "2026-11-30T12:00:00Z")
+    with process_time_zone(zone):
+        assert time.localtime(NOW.timestamp()).tm_gmtoff != 0  # the zone is in force
+        local = NOW.astimezone().isoformat()  # the same instant in the zone's own offset
+        for name, header in (("z", "2026-11-30T12:00:00Z"), ("offset", local)):
+            got = tick(name, header)
+            assert got["evaluated_at"] == "2026-11-30T12:00:00Z", (header, got["evaluated_at"])
+            assert got["counts"] == want["counts"]
+            assert [(r["run"], r["reason"], r["evaluated_at"]) for r in got["rows"]] == [
+                (r["run"], r["reason"], r["evaluated_at"]) for r in want["rows"]
+            ]

@@ -218,3 +218,21 @@ def test_actual_bytes_per_day_and_statement_from_the_jobs_view(tmp_path):
     text = cost.render_actual(rows)
     assert "base rows newer than its refresh" in text and "mean 0.03 GiB a day" in text
     assert cost.render_actual([]).startswith("no job labelled app=lossspike")
+
+
+def test_dollars_are_bytes_in_tib_times_the_list_price():
+    """On-demand queries bill per TiB, 2^40 bytes ("For on-demand compute in BigQuery, you incur
+    charges per TiB", https://cloud.google.com/bigquery/docs/best-practices-costs), at SPEC's
+    $6.25. By hand: the Grafana rule's 10 MiB minimum each minute is 43,200 x 10 MiB = 432,000 MiB
+    a month, 432,000 / 1,048,576 TiB = 0.41199 TiB, x $6.25 = $2.57 (per TB it would be $2.83)."""
+    rule = cost.estimate(cost.Fleet(runs=100))["grafana"]["alert_rule"]
+    assert rule["dollars_per_month"] == 2.57
+    # One TiB of reads a month costs the list price exactly, one TB 9% less.
+    assert cost.monthly(2**40, per_month=1) == 6.25
+    assert cost.monthly(10**12, per_month=1) == pytest.approx(5.684, abs=0.001)
+    # A design's monthly figure is its mean tick in TiB, times the ticks of a month, times $6.25.
+    report = cost.estimate(cost.Fleet(runs=1000))
+    design = report["designs"]["rollup, HOUR partitions"]
+    mean = sum(t["bytes"] for t in design["at"].values()) / len(design["at"])
+    assert report["price_per_tib"] == 6.25
+    assert design["dollars_per_month"] == pytest.approx(mean * 43_200 / 2**40 * 6.25, rel=0.05)

@@ -459,3 +459,28 @@ def test_a_bom_labels_file_scores_through_the_command(bench, tmp_path):
     result = lossspike(*args, "--labels", str(marked))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["labels_report"] == json.loads(plain.stdout)["labels_report"]
+
+
+# --- the matching at its tick edges (issue 27) -------------------------------------------
+
+
+def test_an_episode_ending_on_the_first_tick_after_start_pages_the_label():
+    """The episode began before the label's start and its last tick is the first tick at or
+    after the start: that tick is a paging tick in [start, start + deadline]."""
+    result = replay(history("hero-a", spans(range(3, 6))))
+    mid, on = score(result, label("hero-a", 4.5, 10), label("hero-a", 5, 10))["labels"]
+    assert mid["paged"] and mid["minutes_to_page"] == 0.5
+    assert on["paged"] and on["minutes_to_page"] == 0
+    # One tick later the episode is over: not paged.
+    [after] = score(result, label("hero-a", 5.5, 10))["labels"]
+    assert not after["paged"]
+
+
+def test_a_page_is_false_by_where_it_starts_not_where_it_ends():
+    """SPEC: a page is false "when its episode starts outside" every label's [start, end + 60 min]."""
+    # Starts a tick before the label, ends inside it: false.
+    early = history("hero-a", spans(range(9, 15)))
+    # Starts on the window's last tick (end + 60 min) and runs past it: not false.
+    late = history("hero-b", spans(range(90, 100)))
+    assert score(replay(early), label("hero-a", 10, 20))["false_pages"] == 1
+    assert score(replay(late), label("hero-b", 10, 20))["false_pages"] == 0
