@@ -368,7 +368,8 @@ def backtest(
     every = int(steps[0]) if len(steps) else 1
     variants = list(variants) or [settings.thresholds]
     lookback = max(
-        max(t.baseline_minutes, t.divergence_minutes if SLOW_DIVERGENCE in settings.detectors else 0) for t in variants
+        max(t.baseline_minutes, t.divergence_minutes if {SLOW_DIVERGENCE, INSTABILITY} & set(settings.detectors) else 0)
+        for t in variants
     )
     query = bucket_groups_query(
         store.dialect,
@@ -641,10 +642,13 @@ def _detections(
         )
         count = limits["instability_count"]
         _fill(found[INSTABILITY], run, tick, detectors.Finding(seen >= count, seen, count))
+        # A spike train must be new for the run: judged below where enough episodes start.
+        trains = np.flatnonzero(seen >= count)
     window = np.lib.stride_tricks.sliding_window_view
     views = Partial(*(window(f, hour, axis=1) for f in grid))
     samples = window(loss, hour, axis=1)
-    running = _running_sums(grid) if SLOW_DIVERGENCE in enabled else None
+    running = _running_sums(grid) if {SLOW_DIVERGENCE, INSTABILITY} & set(enabled) else None
+    peaks = _block_peaks(grid, t) if INSTABILITY in enabled else None
     step = max(1, _DETECTOR_CELLS // hour)
     for lo in range(0, len(run), step):
         part = slice(lo, lo + step)
@@ -662,11 +666,59 @@ def _detections(
             candidates = Partial(*(f[screened] for f in sliced))
             finding = detectors.level_shift(candidates, width[screened], rise[screened], sigma[screened])
             _fill(found[LEVEL_SHIFT], run[part][screened], tick[part][screened], finding)
-        if running is not None:
+        if SLOW_DIVERGENCE in enabled:
             history_n, history_sum = _history_blocks(running, rows, begin, t)
             finding = detectors.slow_divergence(sliced, history_n, history_sum, limits["divergence_min_rise"][part])
             _fill(found[SLOW_DIVERGENCE], run[part], tick[part], finding)
+    if INSTABILITY in enabled and len(trains):
+        rows, begin = group[trains], starts[trains]
+        for lo in range(0, len(trains), step):
+            part = slice(lo, lo + step)
+            cells = trains[part]
+            sliced = Partial(*(view[rows[part], begin[part]] for view in views))
+            history_n, history_sum = _history_blocks(running, rows[part], begin[part], t)
+            history_peak = _history_peaks(peaks, rows[part], begin[part], t)
+            share, blocks = detectors.own_spiky_share(
+                sliced,
+                history_n,
+                history_sum,
+                history_peak,
+                limits["instability_sigma"][cells],
+                limits["instability_min_rise"][cells],
+            )
+            new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)
+            found[INSTABILITY].fired[run[cells], tick[cells]] = new
     return found
+
+
+def _block_peaks(grid: Partial, t: Thresholds) -> dict[int, np.ndarray]:
+    """Per block width the history blocks can have, each grid slot's peak over that many slots
+    from it (-inf where a span runs past the grid): a block's peak in one lookup."""
+    span = max(t.divergence_minutes, t.baseline_minutes) - t.baseline_minutes
+    widths = {
+        min(HISTORY_BLOCK_MINUTES, span - HISTORY_BLOCK_MINUTES * k) for k in range(-(-span // HISTORY_BLOCK_MINUTES))
+    }
+    rows, width = grid.peak.shape
+    out = {}
+    for size in widths:
+        padded = np.concatenate([grid.peak, np.full((rows, size), -np.inf)], axis=1)
+        out[size] = np.lib.stride_tricks.sliding_window_view(padded, size, axis=1).max(axis=-1)[:, : width + 1]
+    return out
+
+
+def _history_peaks(peaks: dict[int, np.ndarray], rows: np.ndarray, starts: np.ndarray, t: Thresholds) -> np.ndarray:
+    """The history blocks' peaks before each cell's hour, laid out as _history_blocks lays out
+    their counts: counted back from the hour's start, the oldest clipped at the horizon."""
+    span = max(t.divergence_minutes, t.baseline_minutes) - t.baseline_minutes
+    blocks = -(-span // HISTORY_BLOCK_MINUTES)
+    out = np.full((len(rows), blocks), -np.inf)
+    for k in range(blocks):
+        hi = starts - HISTORY_BLOCK_MINUTES * k
+        lo = np.maximum(hi - HISTORY_BLOCK_MINUTES, starts - span)
+        # The oldest block alone may be short, by the same amount in every cell.
+        size = min(HISTORY_BLOCK_MINUTES, span - HISTORY_BLOCK_MINUTES * k)
+        out[:, blocks - 1 - k] = peaks[size][rows, lo]
+    return out
 
 
 def _fill(whole: detectors.Finding, run: np.ndarray, tick: np.ndarray, part: detectors.Finding) -> None:

@@ -38,6 +38,7 @@ from lossspike.overrides import (
 )
 from lossspike.rule import (
     HEALTHY,
+    INSTABILITY,
     PAGING_REASONS,
     SLOW_DIVERGENCE,
     WARMING_UP,
@@ -67,7 +68,8 @@ def tick_windows(settings: Settings, now: datetime) -> TickWindows:
         hour=t.baseline_minutes,
         checks=CHECK_MINUTES if dense else 0,
         eval=EVAL_LOOKBACK_MINUTES if EVAL_REGRESSED in checks else 0,
-        history=t.divergence_minutes if SLOW_DIVERGENCE in settings.detectors else 0,
+        # Instability judges a spike train against the run's own blocks of the same horizon.
+        history=t.divergence_minutes if {SLOW_DIVERGENCE, INSTABILITY} & set(settings.detectors) else 0,
     )
 
 
@@ -189,7 +191,8 @@ def judge_loss(
         return out
     limits = {name: np.array([getattr(thresholds[i], name) for i in pick], dtype=float) for name in LIMITS}
     grid = Partial(*(field[pick] for field in runs.grid))
-    found = detect(grid, widths[pick], runs.history_n[pick], runs.history_sum[pick], limits, detectors)
+    peaks = None if runs.history_peak is None else runs.history_peak[pick]
+    found = detect(grid, widths[pick], runs.history_n[pick], runs.history_sum[pick], limits, detectors, peaks)
     for k, i in enumerate(pick.tolist()):
         windows = out[i][0]
         for name, finding in found.items():

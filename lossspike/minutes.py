@@ -251,6 +251,8 @@ class TickRuns(NamedTuple):
     # The newest attempt's check metrics by key and evaluation minutes, per run (lossspike.checks reads them).
     checks: list[dict[str, MetricMinutes]]
     evals: list[list[tuple[float, int]]]
+    # Instability's test of the run's own excursions: the history blocks' peaks, (runs, blocks).
+    history_peak: np.ndarray | None = None
 
 
 def _slots(table: pa.Table, now_us: int, width: int) -> np.ndarray:
@@ -316,13 +318,16 @@ def tick_runs(
     blocks = max(0, -(-(history - hour) // block_minutes))
     history_n = np.zeros((size, blocks))
     history_sum = np.zeros((size, blocks))
-    rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum"])
+    history_peak = np.full((size, blocks), -np.inf)
+    rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum", "loss_peak"])
     if rows.num_rows and blocks:
         age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
         position = blocks - 1 - (age - 1) // block_minutes
         keep = (position >= 0) & (position < blocks)
         np.add.at(history_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
         np.add.at(history_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
+        peaks = filled(rows, "loss_peak", -np.inf, np.float64)[keep]
+        np.maximum.at(history_peak, (owner[keep], position[keep]), peaks)
 
     rows, owner = rows_of("checks", True, ["minute", *(c for c in table.column_names if c.startswith(_DENSE_PREFIXES))])
     checks = _check_metrics(rows, owner, size)
@@ -352,6 +357,7 @@ def tick_runs(
         history_sum,
         checks,
         evals,
+        history_peak,
     )
 
 

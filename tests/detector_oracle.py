@@ -49,6 +49,7 @@ BLOCK_MINUTES = 10  # slow divergence's blocks
 MIN_BLOCK_SAMPLES = 3  # a block with fewer finite losses is no level
 MIN_BLOCKS = 3  # the horizon needs three blocks
 MAD_TO_SIGMA = 1.4826
+OWN_SPIKY_SHARE = 0.25  # a spike train is new when at most a quarter of the run's own blocks spiked
 DETECTORS = ("level_shift", "slow_divergence", "instability")
 PAGING = ("not_finite", "stalled", "spiking", *DETECTORS)
 
@@ -253,11 +254,45 @@ def slow_divergence(grid: list[Minute], history: dict[int, list[float]], horizon
     return Decision(current > limit, current, limit, _near(current, limit, scale))
 
 
-def instability(grid: list[Minute], t: Thresholds, scale: float) -> Decision:
+def _excursion_size(grid: list[Minute], t: Thresholds) -> float:
+    """max(min_rise, sigma x the hour's median within-minute standard deviation, or where no
+    minute has two losses, 1.4826 x the median absolute deviation of its minute means)."""
+    within = [statistics.stdev(m.values) for m in grid if len(m.values) >= 2]
+    means = [m.mean for m in grid if m.values]
+    if within:
+        spread = _median(within)
+    elif means:
+        level = _median(means)
+        spread = MAD_TO_SIGMA * _median([abs(m - level) for m in means])
+    else:
+        spread = 0.0
+    return max(t.instability_min_rise, t.instability_sigma * spread)
+
+
+def _own_blocks(grid: list[Minute], history: dict[int, list[float]], horizon: int, t: Thresholds, scale: float):
+    """The run's own ten-minute blocks before the hour (three finite losses or more): how many,
+    how many had a peak above their mean by the hour's excursion size, and whether one is on the edge."""
+    hour = len(grid)
+    size = _excursion_size(grid, t)
+    blocks = spiky = 0
+    edge = False
+    for start in range(hour, max(horizon, hour), BLOCK_MINUTES):
+        values = [v for k in range(start, min(start + BLOCK_MINUTES, max(horizon, hour))) for v in history.get(k, [])]
+        if len(values) < MIN_BLOCK_SAMPLES:
+            continue
+        blocks += 1
+        mean = math.fsum(values) / len(values)
+        spiky += max(values) > mean + size
+        edge |= _near(max(values), mean + size, scale)
+    return blocks, spiky, edge
+
+
+def instability(grid: list[Minute], history: dict[int, list[float]], horizon: int, t: Thresholds, scale: float):
     """Separate episodes of excursions: a minute whose peak clears the median mean of the ten
     minutes before it (five with data at least) by max(min_rise, sigma x their spread: the
     median within-minute standard deviation, or where no minute has two losses, 1.4826 x the
-    median absolute deviation of their means from that median)."""
+    median absolute deviation of their means from that median). It pages only a train new for
+    the run: three or more own blocks before the hour, at most a quarter of them spiky."""
     marked = [False] * len(grid)
     edge = False
     for j in range(REFERENCE_MINUTES, len(grid)):
@@ -280,7 +315,9 @@ def instability(grid: list[Minute], t: Thresholds, scale: float) -> Decision:
             episodes += marked[j] and not previous
             previous = marked[j]
     count = float(t.instability_count)
-    return Decision(episodes >= count, float(episodes), count, edge)
+    blocks, spiky, own_edge = _own_blocks(grid, history, horizon, t, scale)
+    new = blocks >= MIN_BLOCKS and spiky <= OWN_SPIKY_SHARE * blocks
+    return Decision(episodes >= count and new, float(episodes), count, edge or (episodes >= count and own_edge))
 
 
 def recent_width(grid: list[Minute], t: Thresholds, widest: int) -> int:
@@ -501,7 +538,7 @@ def _detector_reasons(
             horizon = config.thresholds.divergence_minutes
             decision = slow_divergence(grid, history, horizon, t, scale)
         else:
-            decision = instability(grid, t, scale)
+            decision = instability(grid, history, config.thresholds.divergence_minutes, t, scale)
         if decision.fired or decision.edge:
             found[name] = (decision.observed, decision.limit)
         if decision.fired and not decision.edge:
