@@ -53,6 +53,7 @@ from lossspike.rule import (
     PAGE,
     PAGING_REASONS,
     REASONS,
+    RESUME_JUMP,
     SLOW_DIVERGENCE,
     SPIKING,
     STALLED,
@@ -368,7 +369,7 @@ def backtest(
     every = int(steps[0]) if len(steps) else 1
     variants = list(variants) or [settings.thresholds]
     lookback = max(
-        max(t.baseline_minutes, t.divergence_minutes if {SLOW_DIVERGENCE, INSTABILITY} & set(settings.detectors) else 0)
+        max(t.baseline_minutes, t.divergence_minutes if set(HISTORY_DETECTORS) & set(settings.detectors) else 0)
         for t in variants
     )
     query = bucket_groups_query(
@@ -495,7 +496,11 @@ def _histories(
         )
         policies = [_policies(overrides, keys[index], ticks, t) for index in chunk]
         verdicts = _seed_verdicts(seed, run_windows, chosen, policies, tick_minutes * minutes.MICROS_PER_MINUTE)
-        found = _detections(grid, loss, ends, t, enabled, verdicts, chosen)
+        previous = None
+        if RESUME_JUMP in enabled:
+            held = _window_sum((grid.n > 0).astype(np.int64), ends - t.baseline_minutes, ends)
+            previous = _previous_groups(group_run[mine] - chunk.start, sampled, held, ends, tick_minutes, t, chosen)
+        found = _detections(grid, loss, ends, t, enabled, verdicts, chosen, previous)
         for offset, index in enumerate(chunk):
             histories.append(
                 _judge(keys[index], seed, run_windows, chosen[offset], verdicts, found, offset, jobs, ticks, detail)
@@ -578,6 +583,32 @@ def _chosen_groups(
     return chosen
 
 
+def _previous_groups(
+    run: np.ndarray,
+    sampled: np.ndarray,
+    held: np.ndarray,
+    ends: np.ndarray,
+    tick_minutes: np.ndarray,
+    t: Thresholds,
+    chosen: np.ndarray,
+) -> np.ndarray:
+    """Per run and tick, the grid row of the previous attempt (resume_jump's reference): of the
+    run's attempts other than the chosen one that held a level (`held`: minutes of the hour with
+    a finite loss, at least minutes.RESUME_PREVIOUS_MINUTES), the one whose newest sample of the
+    hour is newest, ties to the larger attempt; -1 where there is none."""
+    start_us = (tick_minutes - t.baseline_minutes) * minutes.MICROS_PER_MINUTE
+    times = sampled[:, ends - 1]
+    times = np.where((times >= start_us) & (held >= minutes.RESUME_PREVIOUS_MINUTES), times, minutes.NO_TIME)
+    best = np.full(chosen.shape, minutes.NO_TIME, dtype=np.int64)
+    previous = np.full(chosen.shape, -1, dtype=np.int64)
+    for group in range(len(run)):
+        mine = run[group]
+        better = (times[group] >= best[mine]) & (times[group] != minutes.NO_TIME) & (chosen[mine] != group)
+        best[mine] = np.where(better, times[group], best[mine])
+        previous[mine] = np.where(better, group, previous[mine])
+    return previous
+
+
 def _seed_windows(
     grid: Partial, loss: np.ndarray, not_finite: np.ndarray, ends: np.ndarray, t: Thresholds
 ) -> dict[str, np.ndarray]:
@@ -601,6 +632,8 @@ def _seed_windows(
     }
 
 
+# The detectors that read the history blocks before the hour.
+HISTORY_DETECTORS = (SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP)
 # (Run, tick) cells the detectors judge at once, times the hour: bounds the (cells x minutes) arrays.
 _DETECTOR_CELLS = 2_000_000
 
@@ -613,6 +646,7 @@ def _detections(
     enabled: tuple[str, ...],
     verdicts: _Verdicts,
     chosen: np.ndarray,
+    previous: np.ndarray | None = None,
 ) -> dict[str, detectors.Finding]:
     """Every enabled detector's finding per run and tick, as (runs, ticks) arrays, judged only
     where a detector can change the seed verdict (verdicts.judged), on the attempt the tick
@@ -688,7 +722,51 @@ def _detections(
             )
             new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)
             found[INSTABILITY].fired[run[cells], tick[cells]] = new
+    if RESUME_JUMP in enabled and previous is not None:
+        _resume_jumps(found[RESUME_JUMP], grid, views, running, ends, t, verdicts, chosen, previous)
     return found
+
+
+def _resume_jumps(
+    found: detectors.Finding,
+    grid: Partial,
+    views: Partial,
+    running: tuple[np.ndarray, np.ndarray] | None,
+    ends: np.ndarray,
+    t: Thresholds,
+    verdicts: _Verdicts,
+    chosen: np.ndarray,
+    previous: np.ndarray,
+) -> None:
+    """resume_jump where it can change the verdict: healthy and warming-up cells (a new attempt
+    has no baseline) of a run with a previous attempt in the hour."""
+    codes = verdicts.codes
+    cells = (codes == _CODES[HEALTHY]) | (codes == _CODES[WARMING_UP])
+    run, tick = np.nonzero(cells & (chosen >= 0) & (previous >= 0))
+    if not len(run):
+        return
+    if running is None:
+        running = _running_sums(grid)
+    policy = verdicts.policy[run, tick]
+    limits = {
+        name: np.array([getattr(p.thresholds, name) for p in verdicts.table], dtype=float)[policy]
+        for name in ("resume_min_rise", "resume_sigma")
+    }
+    hour = t.baseline_minutes
+    step = max(1, _DETECTOR_CELLS // hour)
+    for lo in range(0, len(run), step):
+        part = slice(lo, lo + step)
+        rows, older, begin = chosen[run[part], tick[part]], previous[run[part], tick[part]], ends[tick[part]] - hour
+        new_n, _ = _history_blocks(running, rows, begin, t)
+        old_n, old_sum = _history_blocks(running, older, begin, t)
+        reference = minutes.Previous(Partial(*(view[older, begin] for view in views)), old_n, old_sum, new_n)
+        finding = detectors.resume_jump(
+            Partial(*(view[rows, begin] for view in views)),
+            reference,
+            limits["resume_min_rise"][part],
+            limits["resume_sigma"][part],
+        )
+        _fill(found, run[part], tick[part], finding)
 
 
 def _block_peaks(grid: Partial, t: Thresholds) -> dict[int, np.ndarray]:

@@ -24,6 +24,13 @@ are skipped, so eval pauses and slow steps never count as levels.
   blocks before the hour (slow divergence's history blocks, at least MIN_BLOCKS of them)
   had a peak that far above their mean. A run whose logged loss has always spiked (one
   micro-batch's loss, heavy-tailed) is judged against that history and stays quiet.
+- resume_jump: a new attempt (no finite loss before the hour, its first in it) whose level,
+  the median floor of its first RESUME_LEVEL_MINUTES minutes with data (at least
+  MIN_RECENT_MINUTES), sits more than max(resume_min_rise, resume_sigma x the previous
+  attempt's spread) above the highest level the previous attempt held before the new one
+  began: its minute floors in the hour and its history block means (blocks of
+  MIN_BLOCK_SAMPLES losses). A rewind to any level the run already had is never above that;
+  a model that resumed without its weights is.
 """
 
 from __future__ import annotations
@@ -33,8 +40,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lossspike.minutes import Partial
-from lossspike.rule import INSTABILITY, LEVEL_SHIFT, MIN_DETECTOR_BASELINE_MINUTES, SLOW_DIVERGENCE
+from lossspike.minutes import Partial, Previous
+from lossspike.rule import (
+    INSTABILITY,
+    LEVEL_SHIFT,
+    MIN_DETECTOR_BASELINE_MINUTES,
+    RESUME_JUMP,
+    SLOW_DIVERGENCE,
+)
 from lossspike.sql import HISTORY_BLOCK_MINUTES
 
 # Slow divergence's current level is the median of this many minutes: long enough that one
@@ -76,6 +89,9 @@ MIN_BLOCKS = 3
 # records) has one in more than half of its blocks, and three spiky blocks in two hours is
 # still a run that was calm.
 OWN_SPIKY_SHARE = 0.25
+# A new attempt's level is its first minutes': long enough that one step is not a level,
+# short enough to page within minutes of the first losses.
+RESUME_LEVEL_MINUTES = 5
 # A normal distribution's MAD is 0.6745 sigma.
 _MAD_TO_SIGMA = 1.4826
 
@@ -88,6 +104,8 @@ LIMITS = (
     "instability_sigma",
     "instability_min_rise",
     "instability_count",
+    "resume_min_rise",
+    "resume_sigma",
 )
 
 
@@ -351,6 +369,36 @@ def instability(
     return Finding((seen >= limit) & new, seen, limit)
 
 
+def resume_jump(grid: Partial, previous: Previous, min_rise: Any, sigma: Any) -> Finding:
+    """A new attempt's first minutes against the highest level its previous attempt held
+    (see the module's doc). Observed is the new attempt's level; the limit the previous
+    attempt's highest level plus max(min_rise, sigma x its spread)."""
+    minutes = grid.n.shape[-1]
+    idx = np.arange(minutes)
+    data = grid.n > 0
+    first = np.where(data.any(axis=-1), np.argmax(data, axis=-1), minutes)
+    # The new attempt's first minutes with data, in order.
+    rank = np.cumsum(data, axis=-1)
+    opening = data & (rank <= RESUME_LEVEL_MINUTES)
+    level = median(np.where(opening, grid.floor, np.nan))
+    enough = opening.sum(axis=-1) >= MIN_RECENT_MINUTES
+    old = previous.grid
+    before = (old.n > 0) & (idx < first[..., None])
+    held = _quiet(np.max, np.where(before, old.floor, -np.inf), axis=-1, initial=-np.inf)
+    counted = previous.history_n >= MIN_BLOCK_SAMPLES
+    blocks = np.where(counted, _quiet(np.divide, previous.history_sum, previous.history_n), -np.inf)
+    held = np.maximum(held, np.max(blocks, axis=-1, initial=-np.inf))
+    deviations = _quiet(lambda: np.sqrt(np.maximum(old.m2, 0.0) / (old.n - 1)))
+    within = median(np.where(before & (old.n >= 2), deviations, np.nan))
+    means = np.where(before, old.mean, np.nan)
+    between = _MAD_TO_SIGMA * median(np.abs(means - median(means)[..., None]))
+    spread = np.nan_to_num(np.where(np.isfinite(within), within, between))
+    limit = held + np.maximum(np.asarray(min_rise, dtype=float), np.asarray(sigma, dtype=float) * spread)
+    new = (previous.new_history_n.sum(axis=-1) == 0) & (first < minutes)
+    fired = new & enough & np.isfinite(held) & _quiet(np.greater, level, limit)
+    return Finding(fired, level, np.where(np.isfinite(held), limit, np.nan))
+
+
 def detect(
     grid: Partial,
     width: np.ndarray,
@@ -359,6 +407,7 @@ def detect(
     limits: dict[str, Any],
     enabled: tuple[str, ...],
     history_peak: np.ndarray | None = None,
+    previous: Previous | None = None,
 ) -> dict[str, Finding]:
     """Every enabled detector's finding, by reason, in the rule's order.
 
@@ -381,4 +430,6 @@ def detect(
             limits["instability_min_rise"],
             limits["instability_count"],
         )
+    if RESUME_JUMP in enabled and previous is not None:
+        found[RESUME_JUMP] = resume_jump(grid, previous, limits["resume_min_rise"], limits["resume_sigma"])
     return found

@@ -27,9 +27,10 @@ SPIKING = "spiking"
 LEVEL_SHIFT = "level_shift"
 SLOW_DIVERGENCE = "slow_divergence"
 INSTABILITY = "instability"
+RESUME_JUMP = "resume_jump"
 HEALTHY = "healthy"
 # The detectors beyond the seed rule (lossspike.detectors), in the order they are tried.
-DETECTORS = (LEVEL_SHIFT, SLOW_DIVERGENCE, INSTABILITY)
+DETECTORS = (LEVEL_SHIFT, SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP)
 # In the order the rule tries them; the first that matches wins.
 REASONS = (NOT_FINITE, STALLED, WARMING_UP, SPIKING, *DETECTORS, HEALTHY)
 # The loss reasons worth a page.
@@ -100,6 +101,13 @@ class Thresholds:
     # This many separate excursions in the window make a spike train: three in 50 minutes happen on
     # clean runs with a heavy upper tail (the incident benchmark's clean hours show it), four do not.
     instability_count: int = 4
+    # A new attempt whose first minutes' level sits this far above the highest level its previous
+    # attempt held is a broken resume: a rewind returns to a level the run had, and a nat above
+    # anything read is a model that lost what it learned (Pythia 410M: 2.2 -> 11.0).
+    resume_min_rise: float = 1.0
+    # ...and above that level by this many of the previous attempt's spreads, so a run whose
+    # logged loss is one noisy micro-batch's needs a larger jump: skip-step's band.
+    resume_sigma: float = 6.0
     # How far the recent window widens for a run that steps slower than it allows.
     max_recent_minutes: int = 15
 
@@ -150,6 +158,8 @@ def threshold_problems(t: Any) -> list[str]:
         "divergence_min_rise",
         "instability_sigma",
         "instability_min_rise",
+        "resume_min_rise",
+        "resume_sigma",
         "loss_jump_limit",
         "grad_norm_limit",
         "skipped_steps_limit",

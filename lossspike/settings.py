@@ -238,6 +238,8 @@ OPTIONS = (
     Option("instability_sigma", _non_negative_float, "instability: within-minute spreads an excursion clears."),
     Option("instability_min_rise", _non_negative_float, "instability: smallest excursion that counts."),
     Option("instability_count", _positive_int, "instability: separate excursions in the window that page."),
+    Option("resume_min_rise", _non_negative_float, "resume_jump: smallest rise of a new attempt over the previous."),
+    Option("resume_sigma", _non_negative_float, "resume_jump: previous attempt's spreads the rise must clear."),
     Option("max_recent_minutes", _window_minutes, "How far the recent window widens for a slow-stepping run."),
     Option("checks", _names(CHECK_REASONS), "Run-health checks: all, none or a comma list (default: README)."),
     Option("loss_jump_limit", _non_negative_float, "loss_jump: recent floor minus baseline floor that fires."),
