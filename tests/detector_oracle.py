@@ -50,7 +50,9 @@ MIN_BLOCK_SAMPLES = 3  # a block with fewer finite losses is no level
 MIN_BLOCKS = 3  # the horizon needs three blocks
 MAD_TO_SIGMA = 1.4826
 OWN_SPIKY_SHARE = 0.25  # a spike train is new when at most a quarter of the run's own blocks spiked
-DETECTORS = ("level_shift", "slow_divergence", "instability")
+RESUME_LEVEL_MINUTES = 5  # a new attempt's level: the median floor of its first five minutes with data
+RESUME_PREVIOUS_MINUTES = 5  # the previous attempt held a level: five minutes with data in the hour
+DETECTORS = ("level_shift", "slow_divergence", "instability", "resume_jump")
 PAGING = ("not_finite", "stalled", "spiking", *DETECTORS)
 
 # SPEC.md's checks table, in its order: (reason, severity, metric key, threshold field).
@@ -320,6 +322,52 @@ def instability(grid: list[Minute], history: dict[int, list[float]], horizon: in
     return Decision(episodes >= count and new, float(episodes), count, edge or (episodes >= count and own_edge))
 
 
+@dataclass
+class Before:
+    """resume_jump's reference: the previous attempt's minutes of the hour, its finite losses
+    before the hour (minutes back from now), and whether the judged attempt has any there."""
+
+    grid: list[Minute]
+    history: dict[int, list[float]]
+    judged_has_history: bool
+
+
+def resume_jump(grid: list[Minute], before: Before | None, horizon: int, t: Thresholds, scale: float) -> Decision:
+    """A new attempt (no finite loss in the horizon before the hour) whose first five minutes'
+    median floor (two minutes at least) is above the previous attempt's highest level (its minute
+    floors before the new attempt's first minute, its ten-minute block means of three losses or
+    more) by more than max(resume_min_rise, resume_sigma x its spread: median within-minute
+    standard deviation, else 1.4826 x the MAD of its minute means)."""
+    if before is None or before.judged_has_history:
+        return Decision(False)
+    hour = len(grid)
+    data = [i for i in range(hour) if grid[i].values]
+    if len(data) < MIN_RECENT_MINUTES:
+        return Decision(False)
+    level = _median([min(grid[i].values) for i in data[:RESUME_LEVEL_MINUTES]])
+    old = [before.grid[i] for i in range(data[0]) if before.grid[i].values]
+    levels = [min(m.values) for m in old]
+    for start in range(hour, max(horizon, hour), BLOCK_MINUTES):
+        values = [
+            v for k in range(start, min(start + BLOCK_MINUTES, max(horizon, hour))) for v in before.history.get(k, [])
+        ]
+        if len(values) >= MIN_BLOCK_SAMPLES:
+            levels.append(math.fsum(values) / len(values))
+    if not levels:
+        return Decision(False)
+    within = [statistics.stdev(m.values) for m in old if len(m.values) >= 2]
+    means = [m.mean for m in old]
+    if within:
+        spread = _median(within)
+    elif means:
+        middle = _median(means)
+        spread = MAD_TO_SIGMA * _median([abs(m - middle) for m in means])
+    else:
+        spread = 0.0
+    limit = max(levels) + max(t.resume_min_rise, t.resume_sigma * spread)
+    return Decision(level > limit, level, limit, _near(level, limit, scale))
+
+
 def recent_width(grid: list[Minute], t: Thresholds, widest: int) -> int:
     """A slow-stepping run's recent window: the fewest whole minutes before now holding three
     losses, at most the widest the hour allows after twenty baseline minutes; the seed's
@@ -525,14 +573,23 @@ def _seed_reasons(w: dict[str, Any], t: Thresholds, now: datetime, scale: float)
 
 
 def _detector_reasons(
-    grid: list[Minute], history: dict[int, list[float]], width: int, config: Config, t: Thresholds, scale: float
+    grid: list[Minute],
+    history: dict[int, list[float]],
+    width: int,
+    config: Config,
+    t: Thresholds,
+    scale: float,
+    before: Before | None = None,
+    only: tuple[str, ...] = DETECTORS,
 ) -> dict[str, tuple[float, float] | None]:
     """The reasons the detectors allow, in order; each detector on the edge may go either way."""
     found: dict[str, tuple[float, float] | None] = {}
     for name in DETECTORS:
-        if name not in config.detectors:
+        if name not in config.detectors or name not in only:
             continue
-        if name == "level_shift":
+        if name == "resume_jump":
+            decision = resume_jump(grid, before, config.thresholds.divergence_minutes, t, scale)
+        elif name == "level_shift":
             decision = level_shift(grid, width, t, scale)
         elif name == "slow_divergence":
             horizon = config.thresholds.divergence_minutes
@@ -545,6 +602,47 @@ def _detector_reasons(
             return found
     found["healthy_or_warming"] = None
     return found
+
+
+def _before(
+    everything: list[Sample],
+    in_hour: list[Sample],
+    chosen: str | None,
+    now: datetime,
+    config: Config,
+    metric: str,
+    history: dict[int, list[float]],
+) -> Before | None:
+    """resume_jump's previous attempt: of the other attempts with five minutes of finite loss in
+    the hour, the one with the newest sample of the hour (ties to the larger UID)."""
+    if config.attempts == "all":
+        return None
+    hour = config.thresholds.baseline_minutes
+    horizon = config.thresholds.divergence_minutes
+    held: dict[str | None, set[int]] = {}
+    for s in in_hour:
+        if s.name == metric and s.value is not None and finite(s.value):
+            held.setdefault(s.execution_uid, set()).add(minute_of(now, s.timestamp))
+    others = [
+        s
+        for s in in_hour
+        if s.execution_uid != chosen and len(held.get(s.execution_uid, ())) >= RESUME_PREVIOUS_MINUTES
+    ]
+    if not others:
+        return None
+    previous = newest_attempt(others)
+    grid = [Minute() for _ in range(hour)]
+    old_history: dict[int, list[float]] = {}
+    for s in everything:
+        if s.execution_uid != previous or s.name != metric or not finite(s.value):
+            continue
+        k = minute_of(now, s.timestamp)
+        if k < hour:
+            grid[hour - 1 - k].values.append(s.value)
+        elif k < horizon:
+            old_history.setdefault(k, []).append(s.value)
+    judged_has = any(hour <= k < horizon and values for k, values in history.items())
+    return Before(grid, old_history, judged_has)
 
 
 def expect(samples: list[Sample], now: datetime, config: Config, overrides: list | tuple = ()) -> list[Expectation]:
@@ -592,14 +690,18 @@ def expect(samples: list[Sample], now: datetime, config: Config, overrides: list
         t, silenced, note = policy(list(overrides), cluster, run, now, t0, "loss")
         seeds, slow = _seed_reasons(windows, t, now, scale)
         reasons: dict[str, tuple[float, float] | None] = {}
+        before = _before(everything, in_hour, chosen, now, config, sel.metric, history)
         for seed in seeds:
-            judged = seed == "healthy" or (seed == "warming_up" and slow)
+            judged = seed == "healthy" or seed == "warming_up"
             if not judged or not config.detectors:
                 reasons[seed] = None
                 continue
+            # A warming-up run is judged by resume_jump alone, unless it steps slowly.
+            only = DETECTORS if seed == "healthy" or slow else ("resume_jump",)
             widest = t0.max_recent_minutes
             width = recent_width(grid, t, widest) if slow else t.recent_minutes
-            for name, found in _detector_reasons(grid, history, width, config, t, scale).items():
+            found_here = _detector_reasons(grid, history, width, config, t, scale, before, only)
+            for name, found in found_here.items():
                 reasons[seed if name == "healthy_or_warming" else name] = found
         # The checks read the newest attempt whatever `attempts` says.
         newest_rows = [s for s in everything if s.execution_uid == chosen]
