@@ -105,3 +105,39 @@ def test_resume_jump_is_off_with_the_seed_settings_and_follows_the_override_colu
 
     raised = [OverrideRow("hero-a", NOW - 2 * MINUTE, resume_min_rise=20.0)]
     assert loss_row(rows_for(samples, Settings(), overrides=raised))["reason"] == "warming_up"
+
+
+def test_a_job_that_died_in_its_first_minutes_is_no_reference():
+    """Pythia 410M seed 4: the broken third job ran 100 s at 8-11 nats; the fourth resumes from
+    the same checkpoint and repeats it. It is judged against the second job, which held 2.2."""
+    rng = random.Random(9)
+    out = []
+    moment = NOW - timedelta(minutes=90)
+    while moment < NOW - timedelta(minutes=6):
+        out.append(Sample(moment, 2.2 + rng.gauss(0, 0.01), "hero-a", execution_uid="e1"))
+        moment += timedelta(seconds=2)
+    for k in range(50):
+        out.append(Sample(moment, 11.0 - 0.06 * k, "hero-a", execution_uid="e2"))
+        moment += timedelta(seconds=2)
+    moment += timedelta(seconds=20)
+    while moment < NOW:
+        out.append(Sample(moment, 10.5 + rng.gauss(0, 0.05), "hero-a", execution_uid="e3"))
+        moment += timedelta(seconds=2)
+    rows = rows_for(out, Settings())
+    assert (loss_row(rows)["reason"], loss_row(rows)["value"]) == ("resume_jump", 1)
+    assert_matches(rows, expect(out, NOW, Config()))
+
+
+def test_one_minute_is_not_a_level():
+    """A new attempt whose first minute alone is high (six steps at 5.0) does not page on it."""
+    samples = resumed(2.2)
+    first = NOW - 4 * MINUTE
+    samples = [
+        Sample(s.timestamp, 5.0, "hero-a", execution_uid="e2")
+        if s.execution_uid == "e2" and first <= s.timestamp < first + MINUTE
+        else s
+        for s in samples
+    ]
+    tick = first + MINUTE
+    rows = rows_for([s for s in samples if s.timestamp < tick], Settings(), now=tick)
+    assert loss_row(rows)["reason"] == "warming_up" and all(r["value"] == 0 for r in rows)
