@@ -186,8 +186,11 @@ def table(documents: dict[str, dict[str, Any]], curves: dict[str, dict[str, np.n
     for stem, curve in curves.items():
         hours = f"{curve['seconds'][-1] / 3600:.1f}"
         if run_id(stem) not in labelled:
-            pages = {name: per_file(doc, stem)["pages"] for name, doc in documents.items()}
-            skipped.append(f"{stem} ({len(curve['seconds'])} rows, {hours} h): not judgeable; pages {pages}")
+            seen = []
+            for name, doc in documents.items():
+                figures = per_file(doc, stem)
+                seen.append(f"{name} {figures['pages']} ({', '.join(figures['reasons']) or 'none'})")
+            skipped.append(f"{stem} ({len(curve['seconds'])} rows, {hours} h): not judgeable; pages: {'; '.join(seen)}")
             continue
         line = [stem, hours]
         for name, doc in documents.items():
