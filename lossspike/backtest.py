@@ -54,6 +54,7 @@ from lossspike.rule import (
     PAGE,
     PAGING_REASONS,
     REASONS,
+    RESUME_JUMP,
     SLOW_DIVERGENCE,
     SPIKING,
     STALLED,
@@ -373,7 +374,8 @@ def backtest(
     every = int(steps[0]) if len(steps) else 1
     variants = list(variants) or [settings.thresholds]
     lookback = max(
-        max(t.baseline_minutes, t.divergence_minutes if SLOW_DIVERGENCE in settings.detectors else 0) for t in variants
+        max(t.baseline_minutes, t.divergence_minutes if set(HISTORY_DETECTORS) & set(settings.detectors) else 0)
+        for t in variants
     )
     query = bucket_groups_query(
         store.dialect,
@@ -503,7 +505,11 @@ def _histories(
         phases = _phases(buckets, cells, rows, shape, loss, ends, t, chosen) if has_phase else {}
         policies = [_policies(overrides, keys[index], ticks, t) for index in chunk]
         verdicts = _seed_verdicts(seed, run_windows, chosen, policies, tick_minutes * minutes.MICROS_PER_MINUTE)
-        found = _detections(grid, loss, ends, t, enabled, verdicts, chosen)
+        previous = None
+        if RESUME_JUMP in enabled:
+            held = _window_sum((grid.n > 0).astype(np.int64), ends - t.baseline_minutes, ends)
+            previous = _previous_groups(group_run[mine] - chunk.start, keys_at, held, chosen)
+        found = _detections(grid, loss, ends, t, enabled, verdicts, chosen, previous)
         for offset, index in enumerate(chunk):
             histories.append(
                 _judge(keys[index], seed, run_windows, chosen[offset], verdicts, found, offset, jobs, ticks, detail)
@@ -693,6 +699,23 @@ def _apply_phases(
             history.policies[tick] = policy
 
 
+def _previous_groups(run: np.ndarray, keys_at: np.ndarray, held: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Per run and tick, the grid row of the previous attempt (resume_jump's reference): of the
+    run's attempts other than the chosen one that held a level (`held`: minutes of the hour with
+    a finite loss, at least minutes.RESUME_PREVIOUS_MINUTES), the one whose attempt_key in the
+    tick's hour (`keys_at`, as _attempt_keys gives them) is newest, ties to the larger attempt;
+    -1 where there is none."""
+    times = np.where(held >= minutes.RESUME_PREVIOUS_MINUTES, keys_at, minutes.NO_TIME)
+    best = np.full(chosen.shape, minutes.NO_TIME, dtype=np.int64)
+    previous = np.full(chosen.shape, -1, dtype=np.int64)
+    for group in range(len(run)):
+        mine = run[group]
+        better = (times[group] >= best[mine]) & (times[group] != minutes.NO_TIME) & (chosen[mine] != group)
+        best[mine] = np.where(better, times[group], best[mine])
+        previous[mine] = np.where(better, group, previous[mine])
+    return previous
+
+
 def _seed_windows(
     grid: Partial, loss: np.ndarray, not_finite: np.ndarray, ends: np.ndarray, t: Thresholds
 ) -> dict[str, np.ndarray]:
@@ -716,6 +739,8 @@ def _seed_windows(
     }
 
 
+# The detectors that read the history blocks before the hour.
+HISTORY_DETECTORS = (SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP)
 # (Run, tick) cells the detectors judge at once, times the hour: bounds the (cells x minutes) arrays.
 _DETECTOR_CELLS = 2_000_000
 
@@ -728,6 +753,7 @@ def _detections(
     enabled: tuple[str, ...],
     verdicts: _Verdicts,
     chosen: np.ndarray,
+    previous: np.ndarray | None = None,
 ) -> dict[str, detectors.Finding]:
     """Every enabled detector's finding per run and tick, as (runs, ticks) arrays, judged only
     where a detector can change the seed verdict (verdicts.judged), on the attempt the tick
@@ -757,10 +783,13 @@ def _detections(
         )
         count = limits["instability_count"]
         _fill(found[INSTABILITY], run, tick, detectors.Finding(seen >= count, seen, count))
+        # A spike train must be new for the run: judged below where enough episodes start.
+        trains = np.flatnonzero(seen >= count)
     window = np.lib.stride_tricks.sliding_window_view
     views = Partial(*(window(f, hour, axis=1) for f in grid))
     samples = window(loss, hour, axis=1)
-    running = _running_sums(grid) if SLOW_DIVERGENCE in enabled else None
+    running = _running_sums(grid) if {SLOW_DIVERGENCE, INSTABILITY} & set(enabled) else None
+    peaks = _block_peaks(grid, t) if INSTABILITY in enabled else None
     step = max(1, _DETECTOR_CELLS // hour)
     for lo in range(0, len(run), step):
         part = slice(lo, lo + step)
@@ -778,11 +807,103 @@ def _detections(
             candidates = Partial(*(f[screened] for f in sliced))
             finding = detectors.level_shift(candidates, width[screened], rise[screened], sigma[screened])
             _fill(found[LEVEL_SHIFT], run[part][screened], tick[part][screened], finding)
-        if running is not None:
+        if SLOW_DIVERGENCE in enabled:
             history_n, history_sum = _history_blocks(running, rows, begin, t)
             finding = detectors.slow_divergence(sliced, history_n, history_sum, limits["divergence_min_rise"][part])
             _fill(found[SLOW_DIVERGENCE], run[part], tick[part], finding)
+    if INSTABILITY in enabled and len(trains):
+        rows, begin = group[trains], starts[trains]
+        for lo in range(0, len(trains), step):
+            part = slice(lo, lo + step)
+            cells = trains[part]
+            sliced = Partial(*(view[rows[part], begin[part]] for view in views))
+            history_n, history_sum = _history_blocks(running, rows[part], begin[part], t)
+            history_peak = _history_peaks(peaks, rows[part], begin[part], t)
+            share, blocks = detectors.own_spiky_share(
+                sliced,
+                history_n,
+                history_sum,
+                history_peak,
+                limits["instability_sigma"][cells],
+                limits["instability_min_rise"][cells],
+            )
+            new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)
+            found[INSTABILITY].fired[run[cells], tick[cells]] = new
+    if RESUME_JUMP in enabled and previous is not None:
+        _resume_jumps(found[RESUME_JUMP], grid, views, running, ends, t, verdicts, chosen, previous)
     return found
+
+
+def _resume_jumps(
+    found: detectors.Finding,
+    grid: Partial,
+    views: Partial,
+    running: tuple[np.ndarray, np.ndarray] | None,
+    ends: np.ndarray,
+    t: Thresholds,
+    verdicts: _Verdicts,
+    chosen: np.ndarray,
+    previous: np.ndarray,
+) -> None:
+    """resume_jump where it can change the verdict: healthy and warming-up cells (a new attempt
+    has no baseline) of a run with a previous attempt in the hour."""
+    codes = verdicts.codes
+    cells = (codes == _CODES[HEALTHY]) | (codes == _CODES[WARMING_UP])
+    run, tick = np.nonzero(cells & (chosen >= 0) & (previous >= 0))
+    if not len(run):
+        return
+    if running is None:
+        running = _running_sums(grid)
+    policy = verdicts.policy[run, tick]
+    limits = {
+        name: np.array([getattr(p.thresholds, name) for p in verdicts.table], dtype=float)[policy]
+        for name in ("resume_min_rise", "resume_sigma")
+    }
+    hour = t.baseline_minutes
+    step = max(1, _DETECTOR_CELLS // hour)
+    for lo in range(0, len(run), step):
+        part = slice(lo, lo + step)
+        rows, older, begin = chosen[run[part], tick[part]], previous[run[part], tick[part]], ends[tick[part]] - hour
+        new_n, _ = _history_blocks(running, rows, begin, t)
+        old_n, old_sum = _history_blocks(running, older, begin, t)
+        reference = minutes.Previous(Partial(*(view[older, begin] for view in views)), old_n, old_sum, new_n)
+        finding = detectors.resume_jump(
+            Partial(*(view[rows, begin] for view in views)),
+            reference,
+            limits["resume_min_rise"][part],
+            limits["resume_sigma"][part],
+        )
+        _fill(found, run[part], tick[part], finding)
+
+
+def _block_peaks(grid: Partial, t: Thresholds) -> dict[int, np.ndarray]:
+    """Per block width the history blocks can have, each grid slot's peak over that many slots
+    from it (-inf where a span runs past the grid): a block's peak in one lookup."""
+    span = max(t.divergence_minutes, t.baseline_minutes) - t.baseline_minutes
+    widths = {
+        min(HISTORY_BLOCK_MINUTES, span - HISTORY_BLOCK_MINUTES * k) for k in range(-(-span // HISTORY_BLOCK_MINUTES))
+    }
+    rows, width = grid.peak.shape
+    out = {}
+    for size in widths:
+        padded = np.concatenate([grid.peak, np.full((rows, size), -np.inf)], axis=1)
+        out[size] = np.lib.stride_tricks.sliding_window_view(padded, size, axis=1).max(axis=-1)[:, : width + 1]
+    return out
+
+
+def _history_peaks(peaks: dict[int, np.ndarray], rows: np.ndarray, starts: np.ndarray, t: Thresholds) -> np.ndarray:
+    """The history blocks' peaks before each cell's hour, laid out as _history_blocks lays out
+    their counts: counted back from the hour's start, the oldest clipped at the horizon."""
+    span = max(t.divergence_minutes, t.baseline_minutes) - t.baseline_minutes
+    blocks = -(-span // HISTORY_BLOCK_MINUTES)
+    out = np.full((len(rows), blocks), -np.inf)
+    for k in range(blocks):
+        hi = starts - HISTORY_BLOCK_MINUTES * k
+        lo = np.maximum(hi - HISTORY_BLOCK_MINUTES, starts - span)
+        # The oldest block alone may be short, by the same amount in every cell.
+        size = min(HISTORY_BLOCK_MINUTES, span - HISTORY_BLOCK_MINUTES * k)
+        out[:, blocks - 1 - k] = peaks[size][rows, lo]
+    return out
 
 
 def _fill(whole: detectors.Finding, run: np.ndarray, tick: np.ndarray, part: detectors.Finding) -> None:

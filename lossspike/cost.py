@@ -349,7 +349,13 @@ VIEW_READ_PARTS = (
     ),
     ("checks", ("",), ("checks", 0), _CHECK_COLUMNS),
     ("eval", ("eval",), ("eval", 0), (*_KEYS, "metric", "eval_last_finite", "eval_last_finite_at")),
-    ("history", ("loss",), ("history", "hour"), (*_KEYS, "metric", "loss_base", "loss_finite", "loss_sum")),
+    # The history part's peak is instability's test of a run's own excursions (8 bytes a loss row).
+    (
+        "history",
+        ("loss",),
+        ("history", "hour"),
+        (*_KEYS, "metric", "loss_base", "loss_finite", "loss_sum", "loss_peak"),
+    ),
 )
 
 

@@ -19,7 +19,18 @@ are skipped, so eval pauses and slow steps never count as levels.
   divergence_min_rise above the best (lowest) ten-minute block mean of the horizon.
 - instability: excursions, minutes whose peak clears the median of the ten minutes
   before them by max(instability_min_rise, instability_sigma x their spread), counted
-  as separate episodes in the window; instability_count of them make a spike train.
+  as separate episodes in the window; instability_count of them make a spike train, but
+  only one that is new for the run: at most OWN_SPIKY_SHARE of the run's own ten-minute
+  blocks before the hour (slow divergence's history blocks, at least MIN_BLOCKS of them)
+  had a peak that far above their mean. A run whose logged loss has always spiked (one
+  micro-batch's loss, heavy-tailed) is judged against that history and stays quiet.
+- resume_jump: a new attempt (no finite loss before the hour, its first in it) whose level,
+  the median floor of its first RESUME_LEVEL_MINUTES minutes with data (at least
+  MIN_RECENT_MINUTES), sits more than max(resume_min_rise, resume_sigma x the previous
+  attempt's spread) above the highest level the previous attempt held before the new one
+  began: its minute floors in the hour and its history block means (blocks of
+  MIN_BLOCK_SAMPLES losses). A rewind to any level the run already had is never above that;
+  a model that resumed without its weights is.
 """
 
 from __future__ import annotations
@@ -29,8 +40,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lossspike.minutes import Partial
-from lossspike.rule import INSTABILITY, LEVEL_SHIFT, MIN_DETECTOR_BASELINE_MINUTES, SLOW_DIVERGENCE
+from lossspike.minutes import Partial, Previous
+from lossspike.rule import (
+    INSTABILITY,
+    LEVEL_SHIFT,
+    MIN_DETECTOR_BASELINE_MINUTES,
+    RESUME_JUMP,
+    SLOW_DIVERGENCE,
+)
 from lossspike.sql import HISTORY_BLOCK_MINUTES
 
 # Slow divergence's current level is the median of this many minutes: long enough that one
@@ -67,6 +84,14 @@ BLOCK_MINUTES = HISTORY_BLOCK_MINUTES
 MIN_BLOCK_SAMPLES = 3
 # The horizon must hold this many blocks before a rise over its best counts.
 MIN_BLOCKS = 3
+# A spike train is new for the run when at most this share of its own blocks before the hour
+# had an excursion-sized peak: clean runs have none, a noisy micro-batch loss (modded-nanogpt's
+# records) has one in more than half of its blocks, and three spiky blocks in two hours is
+# still a run that was calm.
+OWN_SPIKY_SHARE = 0.25
+# A new attempt's level is its first minutes': long enough that one step is not a level,
+# short enough to page within minutes of the first losses.
+RESUME_LEVEL_MINUTES = 5
 # A normal distribution's MAD is 0.6745 sigma.
 _MAD_TO_SIGMA = 1.4826
 
@@ -79,6 +104,8 @@ LIMITS = (
     "instability_sigma",
     "instability_min_rise",
     "instability_count",
+    "resume_min_rise",
+    "resume_sigma",
 )
 
 
@@ -296,12 +323,80 @@ def episode_starts(marked: np.ndarray, data: np.ndarray) -> np.ndarray:
     return marked & ~earlier
 
 
-def instability(grid: Partial, sigma: Any, min_rise: Any, count: Any) -> Finding:
-    """Separate excursion episodes in the window's minutes after the first reference span."""
+def excursion_size(grid: Partial, sigma: Any, min_rise: Any) -> np.ndarray:
+    """How far above its level a peak must reach to be an excursion, over the whole hour:
+    max(min_rise, sigma x the median within-minute spread of the hour's minutes, or for a run
+    with one loss a minute 1.4826 x the median absolute deviation of its minute means)."""
+    means = minute_means(grid)
+    deviations = _quiet(lambda: np.sqrt(np.maximum(grid.m2, 0.0) / (grid.n - 1)))
+    within = median(np.where(grid.n >= 2, deviations, np.nan))
+    level = median(means)
+    between = _MAD_TO_SIGMA * median(np.abs(means - level[..., None]))
+    scale = np.nan_to_num(np.where(np.isfinite(within), within, between))
+    return np.maximum(np.asarray(min_rise, dtype=float), np.asarray(sigma, dtype=float) * scale)
+
+
+def own_spiky_share(
+    grid: Partial, history_n: np.ndarray, history_sum: np.ndarray, history_peak: np.ndarray, sigma: Any, min_rise: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The share of the run's own blocks before the hour (at least MIN_BLOCK_SAMPLES finite
+    losses each) whose peak clears their mean by the hour's excursion size, and how many
+    such blocks there are."""
+    size = excursion_size(grid, sigma, min_rise)
+    counted = history_n >= MIN_BLOCK_SAMPLES
+    means = _quiet(np.divide, history_sum, history_n)
+    spiky = counted & _quiet(np.greater, history_peak, means + size[..., None])
+    blocks = counted.sum(axis=-1)
+    return _quiet(np.divide, spiky.sum(axis=-1), blocks), blocks
+
+
+def instability(
+    grid: Partial,
+    history_n: np.ndarray,
+    history_sum: np.ndarray,
+    history_peak: np.ndarray,
+    sigma: Any,
+    min_rise: Any,
+    count: Any,
+) -> Finding:
+    """Separate excursion episodes in the window's minutes after the first reference span, on
+    a run whose own blocks before the hour were calm (see the module's doc)."""
     starts = episode_starts(excursions(grid, sigma, min_rise), grid.n > 0)
     seen = starts[..., REFERENCE_MINUTES:].sum(axis=-1).astype(float)
     limit = np.broadcast_to(np.asarray(count, dtype=float), seen.shape)
-    return Finding(seen >= limit, seen, limit)
+    share, blocks = own_spiky_share(grid, history_n, history_sum, history_peak, sigma, min_rise)
+    new = (blocks >= MIN_BLOCKS) & (share <= OWN_SPIKY_SHARE)
+    return Finding((seen >= limit) & new, seen, limit)
+
+
+def resume_jump(grid: Partial, previous: Previous, min_rise: Any, sigma: Any) -> Finding:
+    """A new attempt's first minutes against the highest level its previous attempt held
+    (see the module's doc). Observed is the new attempt's level; the limit the previous
+    attempt's highest level plus max(min_rise, sigma x its spread)."""
+    minutes = grid.n.shape[-1]
+    idx = np.arange(minutes)
+    data = grid.n > 0
+    first = np.where(data.any(axis=-1), np.argmax(data, axis=-1), minutes)
+    # The new attempt's first minutes with data, in order.
+    rank = np.cumsum(data, axis=-1)
+    opening = data & (rank <= RESUME_LEVEL_MINUTES)
+    level = median(np.where(opening, grid.floor, np.nan))
+    enough = opening.sum(axis=-1) >= MIN_RECENT_MINUTES
+    old = previous.grid
+    before = (old.n > 0) & (idx < first[..., None])
+    held = _quiet(np.max, np.where(before, old.floor, -np.inf), axis=-1, initial=-np.inf)
+    counted = previous.history_n >= MIN_BLOCK_SAMPLES
+    blocks = np.where(counted, _quiet(np.divide, previous.history_sum, previous.history_n), -np.inf)
+    held = np.maximum(held, np.max(blocks, axis=-1, initial=-np.inf))
+    deviations = _quiet(lambda: np.sqrt(np.maximum(old.m2, 0.0) / (old.n - 1)))
+    within = median(np.where(before & (old.n >= 2), deviations, np.nan))
+    means = np.where(before, old.mean, np.nan)
+    between = _MAD_TO_SIGMA * median(np.abs(means - median(means)[..., None]))
+    spread = np.nan_to_num(np.where(np.isfinite(within), within, between))
+    limit = held + np.maximum(np.asarray(min_rise, dtype=float), np.asarray(sigma, dtype=float) * spread)
+    new = (previous.new_history_n.sum(axis=-1) == 0) & (first < minutes)
+    fired = new & enough & np.isfinite(held) & _quiet(np.greater, level, limit)
+    return Finding(fired, level, np.where(np.isfinite(held), limit, np.nan))
 
 
 def detect(
@@ -311,10 +406,13 @@ def detect(
     history_sum: np.ndarray,
     limits: dict[str, Any],
     enabled: tuple[str, ...],
+    history_peak: np.ndarray | None = None,
+    previous: Previous | None = None,
 ) -> dict[str, Finding]:
     """Every enabled detector's finding, by reason, in the rule's order.
 
-    `limits` maps threshold names (Thresholds' fields) to scalars or per-element arrays.
+    `limits` maps threshold names (Thresholds' fields) to scalars or per-element arrays;
+    the history blocks are the finite counts, sums and peaks before the hour, oldest first.
     """
     found: dict[str, Finding] = {}
     if LEVEL_SHIFT in enabled:
@@ -322,7 +420,16 @@ def detect(
     if SLOW_DIVERGENCE in enabled:
         found[SLOW_DIVERGENCE] = slow_divergence(grid, history_n, history_sum, limits["divergence_min_rise"])
     if INSTABILITY in enabled:
+        peaks = np.full(history_n.shape, -np.inf) if history_peak is None else history_peak
         found[INSTABILITY] = instability(
-            grid, limits["instability_sigma"], limits["instability_min_rise"], limits["instability_count"]
+            grid,
+            history_n,
+            history_sum,
+            peaks,
+            limits["instability_sigma"],
+            limits["instability_min_rise"],
+            limits["instability_count"],
         )
+    if RESUME_JUMP in enabled and previous is not None:
+        found[RESUME_JUMP] = resume_jump(grid, previous, limits["resume_min_rise"], limits["resume_sigma"])
     return found

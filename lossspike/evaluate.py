@@ -27,7 +27,7 @@ from lossspike.checks import (
 )
 from lossspike.deadline import Deadline
 from lossspike.detectors import LIMITS, detect, recent_width
-from lossspike.minutes import Partial, TickRuns
+from lossspike.minutes import Partial, Previous, TickRuns
 from lossspike.overrides import (
     LOSS_SCOPE,
     OverrideRow,
@@ -39,7 +39,9 @@ from lossspike.overrides import (
 from lossspike.phase import finished_policy, loss_verdict
 from lossspike.rule import (
     HEALTHY,
+    INSTABILITY,
     PAGING_REASONS,
+    RESUME_JUMP,
     SLOW_DIVERGENCE,
     WARMING_UP,
     LossWindows,
@@ -68,7 +70,9 @@ def tick_windows(settings: Settings, now: datetime) -> TickWindows:
         hour=t.baseline_minutes,
         checks=CHECK_MINUTES if dense else 0,
         eval=EVAL_LOOKBACK_MINUTES if EVAL_REGRESSED in checks else 0,
-        history=t.divergence_minutes if SLOW_DIVERGENCE in settings.detectors else 0,
+        # Instability judges a spike train against the run's own blocks of the same horizon.
+        # resume_jump reads them to tell a new attempt and the previous one's levels.
+        history=t.divergence_minutes if {SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP} & set(settings.detectors) else 0,
     )
 
 
@@ -186,17 +190,27 @@ def judge_loss(
     widest = max(t.max_recent_minutes for t in thresholds)
     widened = recent_width(runs.samples, 1, widest)
     widths = np.where(slow, np.maximum(widths, widened), widths)
-    # Only the runs a detector can change: healthy ones and slow-stepping warming-up ones.
-    judged = np.array([r == HEALTHY for r in reasons]) | slow
+    # Only the runs a detector can change: healthy ones and slow-stepping warming-up ones, and
+    # for resume_jump every warming-up one (a new attempt has no baseline yet).
+    warming = np.array([r == WARMING_UP for r in reasons])
+    resumes = RESUME_JUMP in detectors and runs.previous is not None
+    judged = np.array([r == HEALTHY for r in reasons]) | slow | (warming & resumes)
     pick = np.flatnonzero(judged)
     if not len(pick):
         return out
     limits = {name: np.array([getattr(thresholds[i], name) for i in pick], dtype=float) for name in LIMITS}
     grid = Partial(*(field[pick] for field in runs.grid))
-    found = detect(grid, widths[pick], runs.history_n[pick], runs.history_sum[pick], limits, detectors)
+    peaks = None if runs.history_peak is None else runs.history_peak[pick]
+    previous = None
+    if resumes:
+        previous = Previous(Partial(*(f[pick] for f in runs.previous.grid)), *(a[pick] for a in runs.previous[1:]))
+    found = detect(grid, widths[pick], runs.history_n[pick], runs.history_sum[pick], limits, detectors, peaks, previous)
     for k, i in enumerate(pick.tolist()):
         windows = out[i][0]
         for name, finding in found.items():
+            # A warming-up run that is not slow-stepping is judged by resume_jump alone.
+            if warming[i] and not slow[i] and name != RESUME_JUMP:
+                continue
             if finding.fired[k]:
                 out[i] = (windows, name, (float(finding.observed[k]), float(finding.limit[k])))
                 break

@@ -21,6 +21,11 @@ from lossspike.checks import MetricMinutes
 from lossspike.phase import PhaseState
 from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES, PHASE_COLUMNS
 
+# resume_jump's previous attempt is the newest other one that held a level: this many minutes
+# with a finite loss in the hour. A job that died in its first minutes (Pythia 410M's third
+# job ran 100 s, broken) is no reference for the one that replaces it.
+RESUME_PREVIOUS_MINUTES = 5
+
 # A tick's check columns start with their metric's key (lossspike.sql.MINUTE_TYPES).
 _DENSE_PREFIXES = tuple(f"{key}_" for key in DENSE_CHECK_METRICS)
 # A timestamp column's NULL, as microseconds: older than any sample.
@@ -273,6 +278,32 @@ class TickRuns(NamedTuple):
     evals: list[list[tuple[float, int]]]
     # The newest attempt's phase in the hour, per run (lossspike.phase judges it; None without).
     phases: list[PhaseState | None] | None = None
+    # Instability's test of the run's own excursions: the history blocks' peaks, (runs, blocks).
+    history_peak: np.ndarray | None = None
+    # resume_jump's reference: the previous attempt's hour grid and history blocks, per run
+    # (empty where there is none, and with attempts='all', where no attempt is new).
+    previous: Previous | None = None
+
+
+class Previous(NamedTuple):
+    """The previous attempt's finite losses per minute of the hour and its history blocks' counts
+    and sums, and the judged attempt's own history counts (resume_jump: is it new?)."""
+
+    grid: Partial
+    history_n: np.ndarray
+    history_sum: np.ndarray
+    new_history_n: np.ndarray
+
+
+def _minutes_held(run: np.ndarray, attempt: np.ndarray, slot: np.ndarray, finite: np.ndarray) -> np.ndarray:
+    """Per row, how many minutes of the hour its run's attempt has with a finite loss."""
+    if not finite.any():
+        return np.zeros(len(run), dtype=np.int64)
+    span = int(slot.max()) + 1
+    pairs = run * (int(attempt.max()) + 1) + attempt
+    held, counts = np.unique(np.unique((pairs * span + slot)[finite]) // span, return_counts=True)
+    at = np.minimum(np.searchsorted(held, pairs), len(held) - 1)
+    return np.where(held[at] == pairs, counts[at], 0)
 
 
 def _slots(table: pa.Table, now_us: int, width: int) -> np.ndarray:
@@ -314,11 +345,21 @@ def tick_runs(
     size = len(keys)
     codes = attempt_codes(table)
     hour_codes = codes[in_hour]
-    chosen = newest_attempt(run, hour_codes, bucket_attempt_keys(hour_rows), size)
+    attempt_keys = bucket_attempt_keys(hour_rows)
+    chosen = newest_attempt(run, hour_codes, attempt_keys, size)
     judged = np.ones(len(run), dtype=bool) if attempts == "all" else hour_codes == chosen[run]
+    # The previous attempt: among the others that held a level (RESUME_PREVIOUS_MINUTES minutes
+    # with a finite loss in the hour), the one whose newest row of the hour is newest.
     slots = _slots(hour_rows, now_us, hour)
+    held = _minutes_held(run, hour_codes, slots, filled(hour_rows, "loss_finite", 0, np.int64) > 0)
+    others = (hour_codes != chosen[run]) & (held >= RESUME_PREVIOUS_MINUTES)
+    previous = newest_attempt(run[others], hour_codes[others], attempt_keys[others], size)
+    if attempts == "all":
+        previous[:] = -1
+    earlier = (hour_codes == previous[run]) & (previous[run] >= 0)
     partials = bucket_partials(hour_rows)
     grid = grid_partials(run[judged], slots[judged], Partial(*(f[judged] for f in partials)), size, hour)
+    previous_grid = grid_partials(run[earlier], slots[earlier], Partial(*(f[earlier] for f in partials)), size, hour)
     cells = run[judged] * hour + slots[judged]
     samples = np.bincount(cells, filled(hour_rows, "loss_samples", 0, np.int64)[judged], size * hour)
     not_finite = np.bincount(cells, filled(hour_rows, "loss_not_finite", 0, np.int64)[judged], size * hour)
@@ -330,24 +371,40 @@ def tick_runs(
     phases = phase_states(hour_rows, run, mine, attempt_losses, size)
     jobs = hour_rows.column("job").take(pa.array(np.maximum(job_row, 0))).to_pylist() if size else []
 
-    def rows_of(name: str, newest_only: bool, columns: list[str]) -> tuple[pa.Table, np.ndarray]:
+    def rows_of(
+        name: str, newest_only: bool, columns: list[str], attempt: np.ndarray | None = None
+    ) -> tuple[pa.Table, np.ndarray]:
         """A part's `columns` in the rows of enrolled runs (of their newest attempts only if
-        asked), and each row's run."""
+        asked, or of the attempt `attempt` names per run), and each row's run."""
         mask = of_part(name) & (owners >= 0)
-        if newest_only:
+        if attempt is not None:
+            mask &= (codes == attempt[np.maximum(owners, 0)]) & (attempt[np.maximum(owners, 0)] >= 0)
+        elif newest_only:
             mask &= codes == chosen[np.maximum(owners, 0)]
         return table.select(columns).filter(pa.array(mask)), owners[mask]
 
     blocks = max(0, -(-(history - hour) // block_minutes))
     history_n = np.zeros((size, blocks))
     history_sum = np.zeros((size, blocks))
-    rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum"])
+    history_peak = np.full((size, blocks), -np.inf)
+    previous_n = np.zeros((size, blocks))
+    previous_sum = np.zeros((size, blocks))
+    rows, owner = rows_of("history", False, ["minute", "loss_finite", "loss_sum"], previous)
+    if rows.num_rows and blocks:
+        age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
+        position = blocks - 1 - (age - 1) // block_minutes
+        keep = (position >= 0) & (position < blocks)
+        np.add.at(previous_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
+        np.add.at(previous_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
+    rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum", "loss_peak"])
     if rows.num_rows and blocks:
         age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
         position = blocks - 1 - (age - 1) // block_minutes
         keep = (position >= 0) & (position < blocks)
         np.add.at(history_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
         np.add.at(history_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
+        peaks = filled(rows, "loss_peak", -np.inf, np.float64)[keep]
+        np.maximum.at(history_peak, (owner[keep], position[keep]), peaks)
 
     rows, owner = rows_of("checks", True, ["minute", *(c for c in table.column_names if c.startswith(_DENSE_PREFIXES))])
     checks = _check_metrics(rows, owner, size)
@@ -378,6 +435,8 @@ def tick_runs(
         checks,
         evals,
         phases,
+        history_peak,
+        Previous(previous_grid, previous_n, previous_sum, history_n),
     )
 
 

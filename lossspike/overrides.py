@@ -58,6 +58,8 @@ THRESHOLD_COLUMNS = (
     "instability_sigma",
     "instability_min_rise",
     "instability_count",
+    "resume_min_rise",
+    "resume_sigma",
     "loss_jump_limit",
     "grad_norm_limit",
     "skipped_steps_limit",
@@ -164,6 +166,8 @@ class OverrideRow:
     instability_sigma: float | None = None
     instability_min_rise: float | None = None
     instability_count: int | None = None
+    resume_min_rise: float | None = None
+    resume_sigma: float | None = None
     loss_jump_limit: float | None = None
     grad_norm_limit: float | None = None
     skipped_steps_limit: float | None = None

@@ -27,6 +27,7 @@ from lossspike.rule import (
     NON_FINITE_MAGNITUDE,
     NOT_FINITE,
     PAGE,
+    RESUME_JUMP,
     SLOW_DIVERGENCE,
     SPIKING,
     STALLED,
@@ -48,6 +49,7 @@ REASON_COLOURS = {
     LEVEL_SHIFT: "#e377c2",
     SLOW_DIVERGENCE: "#bcbd22",
     INSTABILITY: "#17becf",
+    RESUME_JUMP: "#8c6d31",
     WARMING_UP: "#bdbdbd",
 }
 # One colour per check, for its strip along the bottom of the plot.

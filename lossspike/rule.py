@@ -27,9 +27,10 @@ SPIKING = "spiking"
 LEVEL_SHIFT = "level_shift"
 SLOW_DIVERGENCE = "slow_divergence"
 INSTABILITY = "instability"
+RESUME_JUMP = "resume_jump"
 HEALTHY = "healthy"
 # The detectors beyond the seed rule (lossspike.detectors), in the order they are tried.
-DETECTORS = (LEVEL_SHIFT, SLOW_DIVERGENCE, INSTABILITY)
+DETECTORS = (LEVEL_SHIFT, SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP)
 # In the order the rule tries them; the first that matches wins.
 REASONS = (NOT_FINITE, STALLED, WARMING_UP, SPIKING, *DETECTORS, HEALTHY)
 # The loss reasons worth a page.
@@ -108,6 +109,13 @@ class Thresholds:
     # This many separate excursions in the window make a spike train: three in 50 minutes happen on
     # clean runs with a heavy upper tail (the incident benchmark's clean hours show it), four do not.
     instability_count: int = 4
+    # A new attempt whose first minutes' level sits this far above the highest level its previous
+    # attempt held is a broken resume: a rewind returns to a level the run had, and a nat above
+    # anything read is a model that lost what it learned (Pythia 410M: 2.2 -> 11.0).
+    resume_min_rise: float = 1.0
+    # ...and above that level by this many of the previous attempt's spreads, so a run whose
+    # logged loss is one noisy micro-batch's needs a larger jump: skip-step's band.
+    resume_sigma: float = 6.0
     # How far the recent window widens for a run that steps slower than it allows.
     max_recent_minutes: int = 15
 
@@ -212,6 +220,8 @@ THRESHOLD_RANGES: dict[str, Range] = {
     "instability_sigma": _NON_NEGATIVE,
     "instability_min_rise": _NON_NEGATIVE,
     "instability_count": _COUNT,
+    "resume_min_rise": _NON_NEGATIVE,
+    "resume_sigma": _NON_NEGATIVE,
     "max_recent_minutes": _HORIZON,
     "loss_jump_limit": _NON_NEGATIVE,
     "grad_norm_limit": Range(low=0, low_open=True, why="a gradient norm is above 0 at every step"),

@@ -293,6 +293,12 @@ OPTIONS = (
         "instability: separate excursions in the window that page.",
     ),
     Option(
+        "resume_min_rise",
+        _threshold("resume_min_rise"),
+        "resume_jump: smallest rise of a new attempt over the previous.",
+    ),
+    Option("resume_sigma", _threshold("resume_sigma"), "resume_jump: previous attempt's spreads the rise must clear."),
+    Option(
         "max_recent_minutes",
         _threshold("max_recent_minutes"),
         "How far the recent window widens for a slow-stepping run.",

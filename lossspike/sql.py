@@ -928,7 +928,7 @@ class TickWindows:
     checks: int
     # [now - eval, now): the evaluation loss's lookback (0: the check is off).
     eval: int
-    # [now - history, now - hour): slow divergence's older blocks (history <= hour: none).
+    # [now - history, now - hour): slow divergence's and instability's older blocks (history <= hour: none).
     history: int
 
 
@@ -1063,6 +1063,8 @@ def _view_parts(
                     "loss_finite": loss("loss_finite"),
                     # The block's sum of losses: a mean needs no precision a variance would.
                     "loss_sum": f"SUM({d.if_.format(attempt, 'loss_base * loss_finite + loss_sum')})",
+                    # The block's peak: instability's test of the run's own excursions.
+                    "loss_peak": loss("loss_peak"),
                 },
             )
         )
@@ -1118,6 +1120,7 @@ def _history_blocks(
         "minute": d.minutes_earlier.format(f"({p('hour_minutes')} + {HISTORY_BLOCK_MINUTES} * block)", p("now")),
         "loss_finite": f"COUNT({judged('loss_value')})",
         "loss_sum": f"SUM({judged('loss_value')})",
+        "loss_peak": f"MAX({judged('loss_value')})",
     }
     return (
         f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM (\n  {rows}\n  ) AS history"

@@ -712,6 +712,56 @@ MUTANTS = [
         '        "execution_uid": "execution_uid",\n        # The block',
         [f"{DETECTORS}::test_slow_divergence_reads_the_oldest_block_of_its_horizon", *DETECTOR_PROPERTIES],
     ),
+    # --- issue 24: instability against the run's own history, resume_jump ---
+    Mutant(
+        "instability: a spike train need not be new for the run",
+        "lossspike/detectors.py",
+        "    new = (blocks >= MIN_BLOCKS) & (share <= OWN_SPIKY_SHARE)\n",
+        "    new = blocks >= 0\n",
+        [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
+    ),
+    Mutant(
+        "instability: the backtest's spike train need not be new for the run",
+        "lossspike/backtest.py",
+        "            new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)\n",
+        "            new = blocks >= 0\n",
+        [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
+    ),
+    Mutant(
+        "raw read: a history block's peak is its lowest loss",
+        "lossspike/sql.py",
+        '        "loss_peak": f"MAX({judged(\'loss_value\')})",',
+        '        "loss_peak": f"MIN({judged(\'loss_value\')})",',
+        [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
+    ),
+    Mutant(
+        "resume_jump: the previous attempt's history blocks are not a level it held",
+        "lossspike/detectors.py",
+        "    held = np.maximum(held, np.max(blocks, axis=-1, initial=-np.inf))\n",
+        "    held = np.maximum(held, -np.inf)\n",
+        [f"{DETECTORS}::test_a_restart_from_a_checkpoint_does_not_page", "tests/test_resume_jump.py"],
+    ),
+    Mutant(
+        "resume_jump: a warming-up run is not judged",
+        "lossspike/evaluate.py",
+        "    judged = np.array([r == HEALTHY for r in reasons]) | slow | (warming & resumes)\n",
+        "    judged = np.array([r == HEALTHY for r in reasons]) | slow\n",
+        ["tests/test_resume_jump.py"],
+    ),
+    Mutant(
+        "resume_jump: a job that died in its first minutes is the reference",
+        "lossspike/minutes.py",
+        "RESUME_PREVIOUS_MINUTES = 5\n",
+        "RESUME_PREVIOUS_MINUTES = 1\n",
+        ["tests/test_resume_jump.py"],
+    ),
+    Mutant(
+        "resume_jump: one step is a level",
+        "lossspike/detectors.py",
+        "    enough = opening.sum(axis=-1) >= MIN_RECENT_MINUTES\n",
+        "    enough = opening.sum(axis=-1) >= 1\n",
+        ["tests/test_resume_jump.py"],
+    ),
     # --- DuckDB and BigQuery parity with the defaults (tests/test_parity_cloud.py) ---
     Mutant(
         "parity: BigQuery's newest value of a minute is its oldest",

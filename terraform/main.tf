@@ -116,6 +116,8 @@ locals {
       LOSSSPIKE_INSTABILITY_SIGMA    = tostring(var.instability_sigma)
       LOSSSPIKE_INSTABILITY_MIN_RISE = tostring(var.instability_min_rise)
       LOSSSPIKE_INSTABILITY_COUNT    = tostring(var.instability_count)
+      LOSSSPIKE_RESUME_MIN_RISE      = tostring(var.resume_min_rise)
+      LOSSSPIKE_RESUME_SIGMA         = tostring(var.resume_sigma)
       LOSSSPIKE_MAX_RECENT_MINUTES   = tostring(var.max_recent_minutes)
       LOSSSPIKE_LOSS_JUMP_LIMIT      = tostring(var.loss_jump_limit)
       LOSSSPIKE_GRAD_NORM_LIMIT      = tostring(var.grad_norm_limit)

@@ -184,6 +184,8 @@ resource "google_monitoring_alert_policy" "loss_spike" {
         a crash without a restart).
       - `level_shift`, `slow_divergence`, `instability`: the detectors beyond the seed rule (a shift against
         a trend-aware baseline, a creep over ${var.divergence_minutes} minutes, a train of spikes).
+      - `resume_jump`: a new attempt resumed far above where its previous attempt left off (a checkpoint
+        restored without its weights or optimizer state): roll back or stop it.
       - `loss_jump`, `grad_norm_high`, `steps_skipped`: run-health checks (the loss floor jumped by more than
         ${var.loss_jump_limit}, ${var.grad_norm_metric} above ${var.grad_norm_limit}, at least
         ${var.skipped_steps_limit} skipped steps in 15 minutes).

@@ -432,6 +432,28 @@ variable "instability_count" {
   }
 }
 
+variable "resume_min_rise" {
+  description = "resume_jump: smallest rise of a new attempt over its previous one."
+  type        = number
+  default     = 1.0
+
+  validation {
+    condition     = var.resume_min_rise >= 0
+    error_message = "The resume_min_rise must not be negative."
+  }
+}
+
+variable "resume_sigma" {
+  description = "resume_jump: previous attempt's spreads the rise must clear."
+  type        = number
+  default     = 6.0
+
+  validation {
+    condition     = var.resume_sigma >= 0
+    error_message = "The resume_sigma must not be negative."
+  }
+}
+
 variable "max_recent_minutes" {
   description = "How far the recent window widens for a run that steps slower than it allows (at most 1440)."
   type        = number

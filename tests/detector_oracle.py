@@ -49,7 +49,10 @@ BLOCK_MINUTES = 10  # slow divergence's blocks
 MIN_BLOCK_SAMPLES = 3  # a block with fewer finite losses is no level
 MIN_BLOCKS = 3  # the horizon needs three blocks
 MAD_TO_SIGMA = 1.4826
-DETECTORS = ("level_shift", "slow_divergence", "instability")
+OWN_SPIKY_SHARE = 0.25  # a spike train is new when at most a quarter of the run's own blocks spiked
+RESUME_LEVEL_MINUTES = 5  # a new attempt's level: the median floor of its first five minutes with data
+RESUME_PREVIOUS_MINUTES = 5  # the previous attempt held a level: five minutes with data in the hour
+DETECTORS = ("level_shift", "slow_divergence", "instability", "resume_jump")
 PAGING = ("not_finite", "stalled", "spiking", *DETECTORS)
 
 # SPEC.md's checks table, in its order: (reason, severity, metric key, threshold field).
@@ -291,11 +294,52 @@ def slow_divergence(grid: list[Minute], history: dict[int, list[float]], horizon
     return Decision(current > limit, current, limit, _near(current, limit, scale))
 
 
-def instability(grid: list[Minute], t: Thresholds, scale: float, own_minute: bool = False) -> Decision:
+def _excursion_size(grid: list[Minute], t: Thresholds) -> float:
+    """max(min_rise, sigma x the hour's median within-minute standard deviation, or where no
+    minute has two losses, 1.4826 x the median absolute deviation of its minute means)."""
+    within = [statistics.stdev(m.values) for m in grid if len(m.values) >= 2]
+    means = [m.mean for m in grid if m.values]
+    if within:
+        spread = _median(within)
+    elif means:
+        level = _median(means)
+        spread = MAD_TO_SIGMA * _median([abs(m - level) for m in means])
+    else:
+        spread = 0.0
+    return max(t.instability_min_rise, t.instability_sigma * spread)
+
+
+def _own_blocks(grid: list[Minute], history: dict[int, list[float]], horizon: int, t: Thresholds, scale: float):
+    """The run's own ten-minute blocks before the hour (three finite losses or more): how many,
+    how many had a peak above their mean by the hour's excursion size, and whether one is on the edge."""
+    hour = len(grid)
+    size = _excursion_size(grid, t)
+    blocks = spiky = 0
+    edge = False
+    for start in range(hour, max(horizon, hour), BLOCK_MINUTES):
+        values = [v for k in range(start, min(start + BLOCK_MINUTES, max(horizon, hour))) for v in history.get(k, [])]
+        if len(values) < MIN_BLOCK_SAMPLES:
+            continue
+        blocks += 1
+        mean = math.fsum(values) / len(values)
+        spiky += max(values) > mean + size
+        edge |= _near(max(values), mean + size, scale)
+    return blocks, spiky, edge
+
+
+def instability(
+    grid: list[Minute],
+    history: dict[int, list[float]],
+    horizon: int,
+    t: Thresholds,
+    scale: float,
+    own_minute: bool = False,
+) -> Decision:
     """Separate episodes of excursions: a minute whose peak clears the median mean of the ten
     minutes before it (five with data at least) by max(min_rise, sigma x their spread: the
     median within-minute standard deviation, or where no minute has two losses, 1.4826 x the
-    median absolute deviation of their means from that median).
+    median absolute deviation of their means from that median). It pages only a train new for
+    the run: three or more own blocks before the hour, at most a quarter of them spiky.
 
     `own_minute` shifts the reference to the ten minutes ending with the judged one: not SPEC,
     the planted bug the property tests must reach (see `own_minute_matters`)."""
@@ -322,7 +366,55 @@ def instability(grid: list[Minute], t: Thresholds, scale: float, own_minute: boo
             episodes += marked[j] and not previous
             previous = marked[j]
     count = float(t.instability_count)
-    return Decision(episodes >= count, float(episodes), count, edge)
+    blocks, spiky, own_edge = _own_blocks(grid, history, horizon, t, scale)
+    new = blocks >= MIN_BLOCKS and spiky <= OWN_SPIKY_SHARE * blocks
+    return Decision(episodes >= count and new, float(episodes), count, edge or (episodes >= count and own_edge))
+
+
+@dataclass
+class Before:
+    """resume_jump's reference: the previous attempt's minutes of the hour, its finite losses
+    before the hour (minutes back from now), and whether the judged attempt has any there."""
+
+    grid: list[Minute]
+    history: dict[int, list[float]]
+    judged_has_history: bool
+
+
+def resume_jump(grid: list[Minute], before: Before | None, horizon: int, t: Thresholds, scale: float) -> Decision:
+    """A new attempt (no finite loss in the horizon before the hour) whose first five minutes'
+    median floor (two minutes at least) is above the previous attempt's highest level (its minute
+    floors before the new attempt's first minute, its ten-minute block means of three losses or
+    more) by more than max(resume_min_rise, resume_sigma x its spread: median within-minute
+    standard deviation, else 1.4826 x the MAD of its minute means)."""
+    if before is None or before.judged_has_history:
+        return Decision(False)
+    hour = len(grid)
+    data = [i for i in range(hour) if grid[i].values]
+    if len(data) < MIN_RECENT_MINUTES:
+        return Decision(False)
+    level = _median([min(grid[i].values) for i in data[:RESUME_LEVEL_MINUTES]])
+    old = [before.grid[i] for i in range(data[0]) if before.grid[i].values]
+    levels = [min(m.values) for m in old]
+    for start in range(hour, max(horizon, hour), BLOCK_MINUTES):
+        values = [
+            v for k in range(start, min(start + BLOCK_MINUTES, max(horizon, hour))) for v in before.history.get(k, [])
+        ]
+        if len(values) >= MIN_BLOCK_SAMPLES:
+            levels.append(math.fsum(values) / len(values))
+    if not levels:
+        return Decision(False)
+    within = [statistics.stdev(m.values) for m in old if len(m.values) >= 2]
+    means = [m.mean for m in old]
+    if within:
+        spread = _median(within)
+    elif means:
+        middle = _median(means)
+        spread = MAD_TO_SIGMA * _median([abs(m - middle) for m in means])
+    else:
+        spread = 0.0
+    limit = max(levels) + max(t.resume_min_rise, t.resume_sigma * spread)
+    return Decision(level > limit, level, limit, _near(level, limit, scale))
 
 
 def recent_width(grid: list[Minute], t: Thresholds, widest: int) -> int:
@@ -537,25 +629,70 @@ def _detector_reasons(
     t: Thresholds,
     scale: float,
     own_minute: bool = False,
+    before: Before | None = None,
+    only: tuple[str, ...] = DETECTORS,
 ) -> dict[str, tuple[float, float] | None]:
     """The reasons the detectors allow, in order; each detector on the edge may go either way."""
     found: dict[str, tuple[float, float] | None] = {}
     for name in DETECTORS:
-        if name not in config.detectors:
+        if name not in config.detectors or name not in only:
             continue
-        if name == "level_shift":
+        if name == "resume_jump":
+            decision = resume_jump(grid, before, config.thresholds.divergence_minutes, t, scale)
+        elif name == "level_shift":
             decision = level_shift(grid, width, t, scale)
         elif name == "slow_divergence":
             horizon = config.thresholds.divergence_minutes
             decision = slow_divergence(grid, history, horizon, t, scale)
         else:
-            decision = instability(grid, t, scale, own_minute)
+            decision = instability(grid, history, config.thresholds.divergence_minutes, t, scale, own_minute)
         if decision.fired or decision.edge:
             found[name] = (decision.observed, decision.limit)
         if decision.fired and not decision.edge:
             return found
     found["healthy_or_warming"] = None
     return found
+
+
+def _before(
+    everything: list[Sample],
+    in_hour: list[Sample],
+    chosen: str | None,
+    now: datetime,
+    config: Config,
+    metric: str,
+    history: dict[int, list[float]],
+) -> Before | None:
+    """resume_jump's previous attempt: of the other attempts with five minutes of finite loss in
+    the hour, the one with the newest sample of the hour (ties to the larger UID)."""
+    if config.attempts == "all":
+        return None
+    hour = config.thresholds.baseline_minutes
+    horizon = config.thresholds.divergence_minutes
+    held: dict[str | None, set[int]] = {}
+    for s in in_hour:
+        if s.name == metric and s.value is not None and finite(s.value):
+            held.setdefault(s.execution_uid, set()).add(minute_of(now, s.timestamp))
+    others = [
+        s
+        for s in in_hour
+        if s.execution_uid != chosen and len(held.get(s.execution_uid, ())) >= RESUME_PREVIOUS_MINUTES
+    ]
+    if not others:
+        return None
+    previous = newest_attempt(others)
+    grid = [Minute() for _ in range(hour)]
+    old_history: dict[int, list[float]] = {}
+    for s in everything:
+        if s.execution_uid != previous or s.name != metric or not finite(s.value):
+            continue
+        k = minute_of(now, s.timestamp)
+        if k < hour:
+            grid[hour - 1 - k].values.append(s.value)
+        elif k < horizon:
+            old_history.setdefault(k, []).append(s.value)
+    judged_has = any(hour <= k < horizon and values for k, values in history.items())
+    return Before(grid, old_history, judged_has)
 
 
 def expect(
@@ -606,14 +743,18 @@ def expect(
         t, silenced, note = policy(list(overrides), cluster, run, now, t0, "loss")
         seeds, slow = _seed_reasons(windows, t, now, scale)
         reasons: dict[str, tuple[float, float] | None] = {}
+        before = _before(everything, in_hour, chosen, now, config, sel.metric, history)
         for seed in seeds:
-            judged = seed == "healthy" or (seed == "warming_up" and slow)
+            judged = seed == "healthy" or seed == "warming_up"
             if not judged or not config.detectors:
                 reasons[seed] = None
                 continue
+            # A warming-up run is judged by resume_jump alone, unless it steps slowly.
+            only = DETECTORS if seed == "healthy" or slow else ("resume_jump",)
             widest = t0.max_recent_minutes
             width = recent_width(grid, t, widest) if slow else t.recent_minutes
-            for name, found in _detector_reasons(grid, history, width, config, t, scale, own_minute).items():
+            found_here = _detector_reasons(grid, history, width, config, t, scale, own_minute, before, only)
+            for name, found in found_here.items():
                 reasons[seed if name == "healthy_or_warming" else name] = found
         # The phase of the newest attempt (SPEC "Phase").
         phase = phase_of([s for s in in_hour if s.execution_uid == chosen], sel.phase_metric, sel.metric)

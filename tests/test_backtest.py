@@ -390,6 +390,7 @@ def test_episodes_on_the_demo(demo_db):
         "level_shift": 0,
         "slow_divergence": 0,
         "instability": 0,
+        "resume_jump": 0,
         "loss_jump": 0,
         "grad_norm_high": 0,
         "steps_skipped": 0,

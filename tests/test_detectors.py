@@ -8,6 +8,7 @@ DuckDB with it row by row, with the default settings and with per-run override r
 from __future__ import annotations
 
 import math
+import random
 import warnings
 from datetime import timedelta
 
@@ -496,3 +497,38 @@ def test_a_history_block_counts_only_the_judged_attempts_finite_losses():
     assert row["threshold"] == want["threshold"]
     assert row["threshold"] == pytest.approx(2.0 + rate * (200 - 175.5) + Thresholds().divergence_min_rise, abs=0.02)
     assert_matches(rows, expect(polluted, NOW, Config(detectors=("slow_divergence",))))
+
+
+def noisy_run(minutes: int, every: float, since: float | None = None) -> list[Sample]:
+    """A flat loss at 10 s a step whose single steps jump 1.5 nats every `every` minutes, from
+    `since` minutes ago (None: for the whole run), like one micro-batch's logged loss."""
+    rng = random.Random(11)
+    samples = []
+    next_spike = rng.uniform(0, every)
+    for k in range(minutes * 6):
+        moment = NOW - minutes * MINUTE + timedelta(seconds=10 * k + 3)
+        age = (NOW - moment) / MINUTE
+        value = 3.0 + rng.gauss(0, 0.01)
+        elapsed = k / 6
+        if elapsed >= next_spike:
+            next_spike += every * rng.uniform(0.6, 1.4)
+            if since is None or age <= since:
+                value += 1.5
+        samples.append(Sample(moment, value, "hero-a"))
+    return samples
+
+
+def test_a_run_that_has_always_spiked_does_not_page_instability():
+    """modded-nanogpt's 1.5B record run: excursions every few minutes from the start are its
+    noise, not a new spike train; the same train starting 50 minutes ago on a calm run pages."""
+    always = noisy_run(200, 5.0)
+    rows = rows_for(always, Settings())
+    assert loss_row(rows)["reason"] == "healthy" and all(r["value"] == 0 for r in rows)
+    assert_matches(rows, expect(always, NOW, Config()))
+    new = noisy_run(200, 5.0, since=50)
+    rows = rows_for(new, Settings())
+    assert loss_row(rows)["reason"] == "instability"
+    assert_matches(rows, expect(new, NOW, Config()))
+    store = store_for(always)
+    [result] = backtest(store, Settings(), [NOW - 20 * MINUTE, NOW])
+    assert [result.runs[0].reason(i) for i in range(2)] == ["healthy", "healthy"]
