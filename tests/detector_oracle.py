@@ -680,7 +680,7 @@ def _before(
     ]
     if not others:
         return None
-    previous = newest_attempt(others)
+    previous = newest_attempt(others, (metric, config.selection.phase_metric))
     grid = [Minute() for _ in range(hour)]
     old_history: dict[int, list[float]] = {}
     for s in everything:

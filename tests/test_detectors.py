@@ -47,12 +47,13 @@ def reported(rows: list[dict]) -> None:
 
 
 # Spike trains whose verdict the judged minute would change if instability's reference window took
-# it in (tests/detector_oracle.py's own_minute_matters finds them; random plans land there about
-# one time in 200): drawn as explicit examples every run, and now and then by fleets() too.
+# it in (tests/detector_oracle.py's own_minute_matters finds them; random spike-train plans of two
+# hours or more, which give instability the run's own blocks before the hour, land there about one
+# time in 40): drawn as explicit examples every run, and now and then by fleets() too.
 REFERENCE_EDGE = [
     Plan("hero-a", "spike_train", 10.0, 130, 2438517928, 0.5, 48, 4, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 60.0, 70, 3842897187, 1.0, 30, 6, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 30.0, 200, 1072594558, 0.5, 31, 2, attempts=("b", "a"), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 143, 3882726895, 0.5, 23, 6, attempts=("e1", "e2"), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 195, 2395092501, 0.5, 25, 4, attempts=("b", "a"), noise=0.08),
 ]
 
 
