@@ -14,10 +14,13 @@ from pathlib import Path
 import duckdb
 import pytest
 from commandline import lossspike
+from servers import bigquery as bqserver
 
 from lossspike.publish import (
     MAX_METRICS_PER_LOG,
     MAX_NAME_CHARS,
+    BigQueryInsertAllSink,
+    BigQueryWriteSink,
     DuckDBSink,
     Publisher,
     Row,
@@ -346,3 +349,72 @@ def test_the_duckdb_sink_appends_while_a_reader_reads(tmp_path: Path) -> None:
     assert len(read_rows(path)) + publisher.counts.dropped() == 303
     assert publisher.counts.dropped_at_finish == 0
     assert seen and seen == sorted(seen)
+
+
+# -- BigQuery: the real clients against the emulator ------------------------------------
+
+BQ_PROJECT = "lossspike-publish"
+# The sink's table as Terraform declares it: the contract's columns plus process_index and step.
+PUBLISH_SCHEMA = (*bqserver.TELEMETRY_SCHEMA_FIELDS, ("process_index", "INT64"), ("step", "INT64"))
+
+
+@pytest.fixture(scope="module")
+def bq_endpoint():
+    with bqserver.bigquery_emulator(BQ_PROJECT) as endpoint:
+        client = bqserver.make_client(endpoint, BQ_PROJECT)
+        client.create_dataset("obs")
+        client.close()
+        yield endpoint
+
+
+def _bq_table(endpoint: str, name: str):
+    from google.cloud import bigquery
+
+    client = bqserver.make_client(endpoint, BQ_PROJECT)
+    table = bigquery.Table(f"{BQ_PROJECT}.obs.{name}", schema=[bigquery.SchemaField(n, t) for n, t in PUBLISH_SCHEMA])
+    table.time_partitioning = bigquery.TimePartitioning(field="timestamp")
+    client.create_table(table)
+    return client, f"{BQ_PROJECT}.obs.{name}"
+
+
+def _read_back(client, table: str) -> list[dict]:
+    query = f"SELECT * FROM `{table}` ORDER BY timestamp, name"
+    return [dict(row.items()) for row in client.query(query).result()]
+
+
+@pytest.mark.parametrize("path", ["storage_write", "insert_all"])
+def test_the_bigquery_sinks_write_rows_the_real_client_reads_back(bq_endpoint: str, path: str) -> None:
+    client, table = _bq_table(bq_endpoint, f"telemetry_{path}")
+    if path == "storage_write":
+        sink = BigQueryWriteSink(table, client=bqserver.make_write_client(bq_endpoint))
+    else:
+        sink = BigQueryInsertAllSink(table, client=bqserver.make_client(bq_endpoint, BQ_PROJECT))
+    clock = Clock(NOW)
+    publisher = Publisher(
+        sink, "hero-bq", job_id="j", execution_uid="u", cluster="", clock=clock, flush_interval_s=0.01
+    )
+    clock.now = NOW + timedelta(seconds=5)
+    publisher.log({"train/loss": 2.5, "grad/norm/total": float("nan"), "x": float("inf")}, step=11)
+    assert publisher.finish(timeout_s=30)
+    assert publisher.counts.dropped() == 0, publisher.counts
+    rows = _read_back(client, table)
+    got = {(r["name"], r["step"]): r["value"] for r in rows}
+    assert got[("train_loss", 11)] == 2.5 and got[("x", 11)] == math.inf
+    # BigQuery keeps NaN in FLOAT64 (https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types#floating_point_types).
+    assert math.isnan(got[("grad_norm_total", 11)])
+    assert [(r["value"], r["step"]) for r in rows if r["name"] == "phase"] == [(0.0, None), (1.0, 11), (2.0, 11)]
+    assert {
+        (r["service"], r["run_id"], r["job_id"], r["execution_uid"], r["cluster"], r["process_index"]) for r in rows
+    } == {("levanter", "hero-bq", "j", "u", "", 0)}
+    assert rows[0]["timestamp"] == NOW
+    client.close()
+
+
+def test_a_bigquery_refusal_costs_the_batch_never_the_loop(bq_endpoint: str) -> None:
+    """A table that does not exist: every append is refused; the loop goes on and the loss is counted."""
+    sink = BigQueryWriteSink(f"{BQ_PROJECT}.obs.missing", client=bqserver.make_write_client(bq_endpoint))
+    publisher = Publisher(sink, "hero-bq", flush_interval_s=0.01)
+    publisher.log({"train/loss": 2.5}, step=1)
+    publisher.finish(timeout_s=10)
+    assert publisher.counts.written == 0 and publisher.counts.sink_errors >= 1
+    assert publisher.counts.dropped() == 4  # the loss and three phase rows
