@@ -25,18 +25,21 @@ Levanter is imported here and only here: `lossspike` itself never needs it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 try:
     import jax
-    from levanter.tracker import Tracker, TrackerConfig
+    from levanter.tracker import NoopTracker, Tracker, TrackerConfig
 except ImportError as error:  # pragma: no cover - only without Levanter installed
     raise ImportError(
         "lossspike.levanter_tracker needs Levanter: pip install marin-levanter (or run tools/levanter/setup.sh)"
     ) from error
 
 from lossspike.publish import FINISH_TIMEOUT_SECONDS, DuckDBSink, Publisher, Sink, metric_name
+
+logger = logging.getLogger(__name__)
 
 # Levanter's writer keeps these out of the rows: the step is the row's `step` column.
 STEP_METRICS = frozenset({"step", "global_step"})
@@ -84,27 +87,47 @@ class LossspikeTracker(Tracker):
         self.publisher.finish(self._finish_timeout_s)
 
 
-def make_sink(sink: str, path: str, table: str, endpoint: str | None = None, project: str | None = None) -> Sink:
-    """The sink a config names: 'duckdb' (a file) or 'bigquery' (project.dataset.table)."""
+def make_sink(sink: str, path: str, table: str, endpoint: str | None = None) -> Sink:
+    """The sink a config names: duckdb (a file), bigquery (Storage Write API) or bigquery_insert_all.
+
+    `endpoint` points either BigQuery sink at a server that is not Google's (the
+    tests' emulator), without TLS or credentials: host:port of its gRPC API for
+    bigquery, the http:// URL of its REST API for bigquery_insert_all.
+    """
     if sink == "duckdb":
         if not path:
             raise ValueError("lossspike tracker: sink duckdb needs path: (the DuckDB file)")
         return DuckDBSink(path, table or "telemetry")
+    if sink not in ("bigquery", "bigquery_insert_all"):
+        raise ValueError(f"lossspike tracker: sink must be duckdb, bigquery or bigquery_insert_all, not {sink!r}")
+    if table.count(".") != 2:
+        raise ValueError(f"lossspike tracker: sink {sink} needs table: project.dataset.table, not {table!r}")
     if sink == "bigquery":
-        if table.count(".") != 2:
-            raise ValueError(f"lossspike tracker: sink bigquery needs table: project.dataset.table, not {table!r}")
-        from google.cloud import bigquery
+        from google.cloud import bigquery_storage_v1
 
-        from lossspike.publish import BigQueryInsertAllSink
+        from lossspike.publish import BigQueryWriteSink
 
-        options: dict[str, Any] = {"project": project or table.split(".", 1)[0]}
+        client = None
         if endpoint:
-            from google.api_core.client_options import ClientOptions
-            from google.auth.credentials import AnonymousCredentials
+            import grpc
+            from google.cloud.bigquery_storage_v1.services.big_query_write.transports import (
+                BigQueryWriteGrpcTransport,
+            )
 
-            options |= {"client_options": ClientOptions(api_endpoint=endpoint), "credentials": AnonymousCredentials()}
-        return BigQueryInsertAllSink(table, client=bigquery.Client(**options))
-    raise ValueError(f"lossspike tracker: sink must be duckdb or bigquery, not {sink!r}")
+            transport = BigQueryWriteGrpcTransport(channel=grpc.insecure_channel(endpoint))
+            client = bigquery_storage_v1.BigQueryWriteClient(transport=transport)
+        return BigQueryWriteSink(table, client=client)
+    from google.cloud import bigquery
+
+    from lossspike.publish import BigQueryInsertAllSink
+
+    options: dict[str, Any] = {"project": table.split(".", 1)[0]}
+    if endpoint:
+        from google.api_core.client_options import ClientOptions
+        from google.auth.credentials import AnonymousCredentials
+
+        options |= {"client_options": ClientOptions(api_endpoint=endpoint), "credentials": AnonymousCredentials()}
+    return BigQueryInsertAllSink(table, client=bigquery.Client(**options))
 
 
 @TrackerConfig.register_subclass("lossspike")
@@ -119,13 +142,19 @@ class LossspikeTrackerConfig(TrackerConfig):
     job_id: str | None = None
     execution_uid: str | None = None
     cluster: str | None = None
-    # The API endpoint for a BigQuery that is not Google's (the tests' emulator); anonymous credentials.
+    # A BigQuery that is not Google's (the tests' emulator): see make_sink.
     endpoint: str | None = None
     finish_timeout_s: float = FINISH_TIMEOUT_SECONDS
 
     def init(self, run_id: str | None) -> Tracker:
         process_index = jax.process_index()
-        sink = make_sink(self.sink, self.path, self.table, self.endpoint)
+        if process_index != 0:
+            return NoopTracker()  # only process 0 publishes (marin PR #8678)
+        try:
+            sink = make_sink(self.sink, self.path, self.table, self.endpoint)
+        except Exception as error:  # noqa: BLE001 - as Levanter's telemetry config: a sink that cannot start costs rows, not the run
+            logger.error("lossspike tracker: cannot publish this run's metrics: %s: %s", type(error).__name__, error)
+            return NoopTracker()
         publisher = Publisher(
             sink,
             run_id=self.run_id or run_id,

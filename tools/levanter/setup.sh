@@ -14,7 +14,8 @@
 # tree's lossspike (the tracker under test), never a stale copy.
 set -euo pipefail
 
-MARIN_LEVANTER_VERSION=0.2.227.dev40316220070
+# The newest release for Python 3.11 (the machines' python3): later ones require Python >= 3.12.
+MARIN_LEVANTER_VERSION=0.2.20.dev202606180959
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -40,9 +41,10 @@ started=$(date +%s)
 "$python" -m venv "$dir"
 "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 # jax without extras is the CPU build (jaxlib from PyPI); Levanter's own pins decide its version.
+# GitPython: levanter.tracker.helpers imports it, and this release does not declare it.
 "$dir/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "marin-levanter==$MARIN_LEVANTER_VERSION" jax
-"$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo"
+    "marin-levanter==$MARIN_LEVANTER_VERSION" jax GitPython
+"$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[publish]"
 
 # Smoke: Levanter's tracker registry and this project's tracker import together.
 JAX_PLATFORMS=cpu "$dir/bin/python" - <<'PY'
