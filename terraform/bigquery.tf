@@ -89,6 +89,8 @@ resource "google_bigquery_table" "telemetry" {
     { name = "run_id", type = "STRING", mode = "NULLABLE", description = "Training run ID." },
     { name = "job_id", type = "STRING", mode = "NULLABLE", description = "Scheduler job ID; may be NULL." },
     { name = "execution_uid", type = "STRING", mode = "NULLABLE", description = "Attempt ID; may be NULL." },
+    { name = "process_index", type = "INT64", mode = "NULLABLE", description = "JAX process that published the row (lossspike.publish writes process 0's only)." },
+    { name = "step", type = "INT64", mode = "NULLABLE", description = "Training step the row was logged at; NULL on a summary." },
   ])
 
   # The dataset may be the one this module creates.
