@@ -418,3 +418,39 @@ def test_a_bigquery_refusal_costs_the_batch_never_the_loop(bq_endpoint: str) -> 
     publisher.finish(timeout_s=10)
     assert publisher.counts.written == 0 and publisher.counts.sink_errors >= 1
     assert publisher.counts.dropped() == 4  # the loss and three phase rows
+
+
+# -- what publishing costs --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runs", [10, 100, 1000])
+def test_ingestion_per_month_matches_a_hand_computation(runs: int) -> None:
+    from lossspike.cost import Fleet, ingestion
+
+    feed = ingestion(Fleet(runs=runs))
+    # SPEC's fleet: 21 metrics at 1 Hz; a row is the contract's 116 B plus process_index and step (8 B each).
+    rows_per_month = runs * 21 * 1 * 30 * 24 * 3600
+    data = rows_per_month * 132
+    # Storage Write API: $0.025 per GiB past 2 TiB a month (https://cloud.google.com/bigquery/pricing#data_ingestion_pricing).
+    storage_write = max(0, data - 2 * 2**40) / 2**30 * 0.025
+    # insertAll: $0.01 per 200 MiB, each row counted as at least 1 KB (same page).
+    insert_all = rows_per_month * 1024 / (200 * 2**20) * 0.01
+    paths = feed["paths"]
+    assert feed["rows_per_second"] == runs * 21
+    assert paths["Storage Write API, default stream (chosen)"]["dollars_per_month"] == pytest.approx(
+        storage_write, abs=0.01
+    )
+    assert paths["streaming inserts (tabledata.insertAll)"]["dollars_per_month"] == pytest.approx(insert_all, abs=0.01)
+    assert paths["load jobs"]["dollars_per_month"] == 0
+    if runs == 1000:
+        # 6.535 TiB a month: 4.535 TiB billed, $116.09; insertAll's 1 KB minimum makes it 23x dearer.
+        assert round(storage_write, 2) == 116.09 and round(insert_all, 2) == 2657.81
+
+
+def test_the_cost_command_shows_the_publishers_ingestion_apart() -> None:
+    result = lossspike("cost", "--runs", "1000")
+    assert result.returncode == 0, result.stderr
+    section = result.stdout.split("publisher ingestion", 1)[1]
+    assert "21,000 rows/s x 132 B" in section.splitlines()[0]
+    assert "$    116.09/month" in section and "$  2,657.81/month" in section
+    assert "1,440,000 loads a day against 1,500 per table: over the quota" in section
