@@ -332,6 +332,8 @@ class Publisher:
         if not self.active:
             return True
         deadline = time.monotonic() + timeout_s
+        if self._thread is None:
+            self._drain_inline(deadline)
         with self._lock:
             self._wake.notify_all()
             while self._queue or self._in_flight:
