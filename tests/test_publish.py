@@ -454,3 +454,18 @@ def test_the_cost_command_shows_the_publishers_ingestion_apart() -> None:
     assert "21,000 rows/s x 132 B" in section.splitlines()[0]
     assert "$    116.09/month" in section and "$  2,657.81/month" in section
     assert "1,440,000 loads a day against 1,500 per table: over the quota" in section
+
+
+def test_the_publishers_variables_do_not_trouble_the_evaluator(tmp_path: Path) -> None:
+    """A shell that trains and evaluates holds both: the evaluator refuses unknown LOSSSPIKE_* names, not these."""
+    path = tmp_path / "t.duckdb"
+    _publish_run(path, "hero-env", 5, lambda step, steps: 2.0, NOW)
+    env = {"LOSSSPIKE_RUN_ID": "hero-env", "LOSSSPIKE_CLUSTER": "c1", "LOSSSPIKE_PROCESS_INDEX": "0"}
+    result = lossspike(
+        "evaluate", "--database", str(path), "--now", NOW.isoformat(), "--format", "json", "--no-write", env=env
+    )
+    assert result.returncode == 0, result.stderr
+    typo = lossspike(
+        "evaluate", "--database", str(path), "--format", "json", "--no-write", env={"LOSSSPIKE_RUNID": "x"}
+    )
+    assert typo.returncode != 0 and "LOSSSPIKE_RUNID: unknown setting" in typo.stderr
