@@ -80,28 +80,99 @@ def _loss(kind: str, age: timedelta, rng: random.Random) -> float:
     return loss
 
 
-def demo_telemetry(now: datetime) -> pa.Table:
-    """Telemetry rows for the demo fleet, ending just before `now`."""
+def _demo_steps(now: datetime):
+    """Each run's steps in order: (run_id, cluster, moment, step number, [(metric, value), ...])."""
     rng = random.Random(SEED)
-    rows: dict[str, list] = {name: [] for name in TELEMETRY_COLUMNS}
     for run_id, cluster, kind, _ in DEMO_RUNS:
         start = now - (timedelta(minutes=7) if kind == "late" else HISTORY)
         end = now - STALL_AGE if kind == "stall" else now
         step = SLOW_STEP if kind == "slow_shift" else STEP
-        moment = start
+        moment, number = start, 0
         while moment < end:
-            age = now - moment
-            for name, value in _samples(kind, age, rng):
-                rows["timestamp"].append(moment)
-                rows["service"].append("levanter")
-                rows["name"].append(name)
-                rows["value"].append(value)
-                rows["cluster"].append(cluster)
-                rows["run_id"].append(run_id)
-                rows["job_id"].append(f"{run_id}-job")
-                rows["execution_uid"].append(f"{run_id}-attempt-1")
+            yield run_id, cluster, moment, number, _samples(kind, now - moment, rng)
             moment += step
+            number += 1
+
+
+def demo_telemetry(now: datetime) -> pa.Table:
+    """Telemetry rows for the demo fleet, ending just before `now` (the metric rows, without phase rows)."""
+    rows: dict[str, list] = {name: [] for name in TELEMETRY_COLUMNS}
+    for run_id, cluster, moment, _, samples in _demo_steps(now):
+        for name, value in samples:
+            rows["timestamp"].append(moment)
+            rows["service"].append("levanter")
+            rows["name"].append(name)
+            rows["value"].append(value)
+            rows["cluster"].append(cluster)
+            rows["run_id"].append(run_id)
+            rows["job_id"].append(f"{run_id}-job")
+            rows["execution_uid"].append(f"{run_id}-attempt-1")
     return pa.table(rows).cast(TELEMETRY_ARROW_SCHEMA)
+
+
+# The Levanter keys behind the demo's metric names: the publisher names them as Levanter does.
+LEVANTER_KEYS = {
+    "train_loss": "train/loss",
+    "grad_norm_total": "grad/norm/total",
+    "optim_skipped_step": "optim/skipped_step",
+    "throughput_tokens_per_second": "throughput/tokens_per_second",
+}
+# Rows a run's publisher holds before the demo flushes it: all of its steps.
+DEMO_QUEUE_ROWS = 100_000
+
+
+class _StepClock:
+    """The publisher's clock during the demo: the synthetic moment of the step being logged."""
+
+    def __init__(self, moment: datetime) -> None:
+        self.moment = moment
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+
+def publish_demo(path: Path, now: datetime, table: str = "telemetry") -> int:
+    """Write the demo fleet through lossspike.publish's DuckDB sink, the path a training job takes.
+
+    One publisher per run, on a clock that walks the run's synthetic steps; it is
+    flushed, not finished (the runs are still training), so each run has its
+    INITIALIZING and TRAINING phase rows and no FINISHED. Returns the rows written.
+    """
+    from lossspike.publish import DuckDBSink, Publisher
+
+    written = 0
+    publisher: Publisher | None = None
+    clock = _StepClock(now)
+
+    def flush(done: Publisher) -> int:
+        done.flush(timeout_s=60)
+        if done.counts.dropped():
+            raise StoreError(f"cannot write the demo database {path}: {done._last_error or 'rows dropped'}")
+        return done.counts.written
+
+    for run_id, cluster, moment, number, samples in _demo_steps(now):
+        if publisher is None or publisher.run_id != run_id:
+            if publisher is not None:
+                written += flush(publisher)
+            clock.moment = moment
+            publisher = Publisher(
+                DuckDBSink(path, table),
+                run_id,
+                job_id=f"{run_id}-job",
+                execution_uid=f"{run_id}-attempt-1",
+                cluster=cluster,
+                process_index=0,
+                clock=clock,
+                max_queue_rows=DEMO_QUEUE_ROWS,
+                batch_rows=DEMO_QUEUE_ROWS,
+                heartbeat_s=None,
+                start_thread=False,
+            )
+        clock.moment = moment
+        publisher.log({LEVANTER_KEYS[name]: value for name, value in samples}, step=number)
+    if publisher is not None:
+        written += flush(publisher)
+    return written
 
 
 def _samples(kind: str, age: timedelta, rng: random.Random) -> list[tuple[str, float]]:
@@ -161,18 +232,17 @@ def write_demo_database(
         raise StoreError(f"cannot write the demo database: {path} is a directory; give a file name")
     if not path.parent.is_dir():
         raise StoreError(f"cannot write the demo database: directory {path.parent} does not exist")
-    data = demo_telemetry(now)
     quoted = quote_table(DUCKDB, table)
     try:
         with duckdb.connect(str(path)) as connection:
             connection.execute(f"DROP TABLE IF EXISTS {quoted}")
             connection.execute(telemetry_table_ddl(quoted))
-            connection.register("demo_rows", data)
-            connection.execute(f"INSERT INTO {quoted} SELECT * FROM demo_rows")
+        written = publish_demo(path, now, table)
+        with duckdb.connect(str(path)) as connection:
             connection.execute(f"DROP TABLE IF EXISTS {quote_table(DUCKDB, overrides_table)}")
             write_duckdb(connection, overrides_table, demo_silence(now))
             write_duckdb(connection, overrides_table, demo_throughput_floor(now))
     except (duckdb.Error, OSError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise StoreError(f"cannot write the demo database {path}: {first}") from None
-    return data.num_rows
+    return written

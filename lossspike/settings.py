@@ -376,7 +376,11 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
                 sources[option.key] = source
             except ValueError as error:
                 problems.append(f"{source}={raw!r}: {error}")
-    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in {o.env for o in OPTIONS})
+    # The publisher's identity variables (lossspike.publish) may share a training job's environment.
+    from lossspike.publish import ENV_NAMES as publisher_env
+
+    known = {o.env for o in OPTIONS} | set(publisher_env)
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
     problems.extend(f"{k}: unknown setting (the README's Configuration table lists them all)" for k in unknown)
     if problems:
         raise ConfigError("; ".join(problems))

@@ -119,7 +119,11 @@ resource "google_bigquery_table" "telemetry" {
       { name = "job_id", type = "STRING", mode = "NULLABLE", description = "Scheduler job ID; may be NULL." },
       { name = "execution_uid", type = "STRING", mode = "NULLABLE", description = "Attempt ID; may be NULL." },
     ],
-    var.telemetry_shape == "contract" ? [] : [
+    # lossspike.publish writes process_index and step beside the contract's columns.
+    var.telemetry_shape == "contract" ? [
+      { name = "process_index", type = "INT64", mode = "NULLABLE", description = "JAX process that published the row (lossspike.publish writes process 0's only)." },
+      { name = "step", type = "INT64", mode = "NULLABLE", description = "Training step the row was logged at; NULL on a summary." },
+      ] : [
       { name = "process_index", type = var.telemetry_shape == "telemetry_v1" ? "STRING" : "INT64", mode = "NULLABLE", description = "JAX process; only process 0's rows count by default (process)." },
       { name = "step", type = "INT64", mode = "NULLABLE", description = "Training step." },
       { name = "kind", type = "STRING", mode = "NULLABLE", description = "scalar/summary/histogram (levanter.metrics) or gauge/counter/... (telemetry_v1)." },

@@ -212,3 +212,31 @@ resource "google_bigquery_table_iam_member" "dashboard_reader" {
     google_bigquery_table.telemetry,
   ]
 }
+
+# The training jobs publish (lossspike.publish, BigQuery sink) through the Storage Write API's
+# default stream, which needs bigquery.tables.updateData on the table and nothing else
+# (https://cloud.google.com/bigquery/docs/write-api#required_permissions). roles/bigquery.dataEditor
+# would also let a job read, update and delete the table, so the grant is a custom role holding that
+# one permission, on the telemetry table only. A project-level custom role is usable only in its own
+# project, so it lives in the telemetry table's.
+resource "google_project_iam_custom_role" "telemetry_writer" {
+  count = length(var.publisher_members) > 0 ? 1 : 0
+
+  project     = local.telemetry_project
+  role_id     = "${replace(var.name, "-", "_")}_telemetry_writer"
+  title       = "lossspike telemetry writer"
+  description = "Appends training telemetry rows (Storage Write API default stream); cannot read, change or delete them."
+  permissions = ["bigquery.tables.updateData"]
+}
+
+resource "google_bigquery_table_iam_member" "telemetry_writer" {
+  for_each = toset(var.publisher_members)
+
+  project    = local.telemetry_project
+  dataset_id = local.telemetry_dataset
+  table_id   = local.telemetry_table
+  role       = google_project_iam_custom_role.telemetry_writer[0].id
+  member     = each.value
+
+  depends_on = [google_bigquery_table.telemetry]
+}

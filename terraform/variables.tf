@@ -916,3 +916,14 @@ variable "rollup_since" {
     error_message = "The rollup_since must be empty or \"YYYY-MM-DD hh:mm:ss\"."
   }
 }
+
+variable "publisher_members" {
+  description = "IAM members of the training jobs that publish telemetry with lossspike.publish's BigQuery sink (e.g. \"serviceAccount:trainer@my-project.iam.gserviceaccount.com\"): each may append rows to telemetry_table, nothing more."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.publisher_members : can(regex("^(serviceAccount|user|group|domain):.+$", m))])
+    error_message = "Each publisher must be an IAM member such as \"serviceAccount:trainer@my-project.iam.gserviceaccount.com\"."
+  }
+}

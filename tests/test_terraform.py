@@ -40,6 +40,7 @@ CLI_CONFIG = TOOLS / "terraformrc"
 PROJECT = "example-project"
 CHANNEL = f"projects/{PROJECT}/notificationChannels/1234567890"
 GRAFANA = f"serviceAccount:grafana@{PROJECT}.iam.gserviceaccount.com"
+TRAINER = f"serviceAccount:trainer@{PROJECT}.iam.gserviceaccount.com"
 # Thresholds away from their defaults, so a setting Terraform drops or renames shows.
 THRESHOLD_VARS = {
     "baseline_minutes": 90,
@@ -91,6 +92,7 @@ EXAMPLE_VARS = {
     "notify_channels": [NOTIFY_CHANNEL],
     "grafana_dashboard_url": DASHBOARD_URL,
     "dashboard_readers": [GRAFANA],
+    "publisher_members": [TRAINER],
     **THRESHOLD_VARS,
     **METRIC_VARS,
 }
@@ -405,6 +407,11 @@ def test_iam_is_least_privilege(plan: dict) -> None:
     dashboard = {
         a: rc for a, rc in bindings.items() if a.startswith("google_bigquery_table_iam_member.dashboard_reader")
     }
+    publishers = {
+        a: rc for a, rc in bindings.items() if a.startswith("google_bigquery_table_iam_member.telemetry_writer")
+    }
+    assert set(publishers) == {f'google_bigquery_table_iam_member.telemetry_writer["{TRAINER}"]'}
+    bindings = {a: rc for a, rc in bindings.items() if a not in publishers}
     assert set(bindings) - set(dashboard) == set(EXPECTED_BINDINGS)
     for address, rc in bindings.items():
         assert rc["type"].endswith("_iam_member"), f"{address}: only additive members, never authoritative"
@@ -427,6 +434,28 @@ def test_iam_is_least_privilege(plan: dict) -> None:
     assert (telemetry["project"], telemetry["dataset_id"], telemetry["table_id"]) == (PROJECT, "lossspike", "telemetry")
     invoker = _config(plan, "google_cloud_run_service_iam_member.invoker")["expressions"]
     assert "google_cloudfunctions2_function.evaluator.name" in _refs(invoker["service"])
+
+
+def test_training_jobs_may_append_telemetry_and_nothing_more(plan: dict) -> None:
+    # The Storage Write API needs bigquery.tables.updateData and only that
+    # (https://cloud.google.com/bigquery/docs/write-api#required_permissions): a custom role with that
+    # one permission, in the telemetry table's project, granted on the telemetry table alone.
+    role = _after(plan, "google_project_iam_custom_role.telemetry_writer[0]")
+    assert role["permissions"] == ["bigquery.tables.updateData"]
+    assert role["project"] == PROJECT
+    address = f'google_bigquery_table_iam_member.telemetry_writer["{TRAINER}"]'
+    grant = _after(plan, address)
+    assert (grant["project"], grant["dataset_id"], grant["table_id"], grant["member"]) == (
+        PROJECT,
+        "lossspike",
+        "telemetry",
+        TRAINER,
+    )
+    role_expr = _config(plan, address)["expressions"]["role"]
+    assert "google_project_iam_custom_role.telemetry_writer" in " ".join(_refs(role_expr))
+    # The table Terraform creates has the columns the publisher writes beside the contract's.
+    schema = json.loads(_after(plan, "google_bigquery_table.telemetry[0]")["schema"])
+    assert {(c["name"], c["type"]) for c in schema} >= {("process_index", "INT64"), ("step", "INT64")}
 
 
 def test_services_stay_enabled_on_destroy(plan: dict) -> None:
@@ -499,6 +528,9 @@ def test_optional_telemetry_table(plan: dict) -> None:
         "run_id": ("STRING", "NULLABLE"),
         "job_id": ("STRING", "NULLABLE"),
         "execution_uid": ("STRING", "NULLABLE"),
+        # Written by lossspike.publish beside the contract's eight (docs/publishing.md).
+        "process_index": ("INT64", "NULLABLE"),
+        "step": ("INT64", "NULLABLE"),
     }
 
 

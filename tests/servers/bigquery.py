@@ -53,6 +53,8 @@ TELEMETRY_SCHEMA_FIELDS = (
     ("execution_uid", "STRING"),
 )
 DEFAULT_PROJECT = "lossspike-test"
+# The gRPC port (Storage Read/Write API) of each running emulator, by its REST endpoint.
+GRPC_PORTS: dict[str, int] = {}
 
 
 class EmulatorUnavailable(RuntimeError):
@@ -145,12 +147,16 @@ def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 
     log: list[str] = []
     port_found = threading.Event()
     port: list[int] = []
+    grpc_port: list[int] = []
 
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             if len(log) < 2000:
                 log.append(line.rstrip("\n"))
+            if not grpc_port and '"grpc.listen"' in line:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    grpc_port.append(int(json.loads(line)["port"]))
             if not port and '"rest.listen"' in line:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     port.append(int(json.loads(line)["port"]))
@@ -173,8 +179,14 @@ def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 
                 )
         endpoint = f"http://127.0.0.1:{port[0]}"
         _wait_http_ready(endpoint, project, deadline)
+        grpc_deadline = time.monotonic() + 5  # logged beside rest.listen; a moment at most
+        while not grpc_port and time.monotonic() < grpc_deadline:
+            time.sleep(0.02)
+        if grpc_port:
+            GRPC_PORTS[endpoint] = grpc_port[0]
         yield endpoint
     finally:
+        GRPC_PORTS.pop(f"http://127.0.0.1:{port[0]}" if port else "", None)
         _stop(proc)
         reader.join(timeout=5)
         workdir.cleanup()
@@ -240,6 +252,18 @@ def create_lossspike_tables(client, telemetry: str, alerts: str) -> None:
     table = bigquery.Table(alerts, schema=[bigquery.SchemaField.from_api_repr(c) for c in ALERTS_SCHEMA])
     table.time_partitioning = bigquery.TimePartitioning(field="evaluated_at")
     client.create_table(table)
+
+
+def make_write_client(endpoint: str):
+    """A real ``BigQueryWriteClient`` (Storage Write API) on the emulator's gRPC port, without TLS or credentials."""
+    import grpc
+    from google.cloud import bigquery_storage_v1
+    from google.cloud.bigquery_storage_v1.services.big_query_write.transports import BigQueryWriteGrpcTransport
+
+    if endpoint not in GRPC_PORTS:
+        raise EmulatorUnavailable(f"the emulator at {endpoint} logged no grpc.listen port")
+    channel = grpc.insecure_channel(f"127.0.0.1:{GRPC_PORTS[endpoint]}")
+    return bigquery_storage_v1.BigQueryWriteClient(transport=BigQueryWriteGrpcTransport(channel=channel))
 
 
 @functools.cache

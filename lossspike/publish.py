@@ -1,0 +1,674 @@
+"""Publish training metrics into the telemetry table, from any training loop.
+
+    publisher = Publisher(DuckDBSink("telemetry.duckdb"), run_id="hero-7b")
+    for step in ...:
+        publisher.log({"train/loss": loss, "grad/norm/total": norm}, step=step)
+    publisher.finish()
+
+Rows are the telemetry contract's (SPEC "Data contracts") plus `process_index`
+and `step`, one per scalar per logged step, from process 0 only, named as
+Levanter names them, with a `phase` row at start, on the first step with a loss,
+every 60 s and at `finish()` (levanter-telemetry-facts.md sections 2-4).
+
+The training loop never waits on the sink: `log()` only appends to a bounded
+in-memory queue that a background thread drains in batches. When the sink is
+down or slow the queue fills, the oldest rows go, and the count goes to the
+`lossspike.publish` logger at most once a minute. Nothing the publisher or the
+sink does raises into the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import numbers
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import IntEnum
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+# Levanter's own service name, so rows read as Levanter's with today's `service` setting.
+SERVICE = "levanter"
+# Levanter republishes the phase this often (`_PHASE_HEARTBEAT_SECONDS` in its telemetry.py).
+HEARTBEAT_SECONDS = 60.0
+# Rows held while the sink is behind: 21 metrics at 1 Hz for about 40 minutes, a few MB.
+MAX_QUEUE_ROWS = 50_000
+# Rows per sink call: one BigQuery append of 500 rows is ~60 KB, far under every request cap.
+BATCH_ROWS = 500
+# The flusher wakes this often when nothing arrives, so rows reach the table within seconds.
+FLUSH_INTERVAL_SECONDS = 1.0
+# Drops and sink errors are logged at most this often, so a dead sink never floods the job's log.
+LOG_EVERY_SECONDS = 60.0
+# Metrics taken from one log() call; Levanter logs a few dozen a step, 10,000 is a bug upstream.
+MAX_METRICS_PER_LOG = 1_000
+# A metric name longer than this is not a metric (BigQuery's STRING would take it, nobody reads it).
+MAX_NAME_CHARS = 256
+# A failed batch is tried this often before it is dropped: rides out a blip, not an outage.
+SINK_ATTEMPTS = 3
+# The longest wait between retries of a failed batch; the queue keeps the newest rows meanwhile.
+MAX_BACKOFF_SECONDS = 30.0
+# finish() waits this long by default: a job's exit should not hang on a dead table.
+FINISH_TIMEOUT_SECONDS = 30.0
+# The key whose presence marks a training step (Levanter sets TRAINING on `train/loss`).
+LOSS_KEY = "train/loss"
+
+# Environment variables that carry a run's identity when no argument does.
+ENV_RUN_ID = "LOSSSPIKE_RUN_ID"
+ENV_JOB_ID = "LOSSSPIKE_JOB_ID"
+ENV_EXECUTION_UID = "LOSSSPIKE_EXECUTION_UID"
+ENV_CLUSTER = "LOSSSPIKE_CLUSTER"
+ENV_PROCESS_INDEX = "LOSSSPIKE_PROCESS_INDEX"
+ENV_NAMES = (ENV_RUN_ID, ENV_JOB_ID, ENV_EXECUTION_UID, ENV_CLUSTER, ENV_PROCESS_INDEX)
+
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+# The columns a sink receives, in order: the contract's eight, then process_index and step.
+ROW_COLUMNS = (
+    "timestamp",
+    "service",
+    "name",
+    "value",
+    "cluster",
+    "run_id",
+    "job_id",
+    "execution_uid",
+    "process_index",
+    "step",
+)
+
+
+class TrainingPhase(IntEnum):
+    """Levanter's `phase` values (TrainingPhase in its tracker/telemetry.py)."""
+
+    INITIALIZING = 0
+    TRAINING = 1
+    FINISHED = 2
+
+
+@dataclass(frozen=True)
+class Row:
+    """One telemetry row: the contract's eight columns plus process_index and step."""
+
+    timestamp: datetime
+    service: str
+    name: str
+    value: float
+    cluster: str | None
+    run_id: str
+    job_id: str | None
+    execution_uid: str | None
+    process_index: int
+    step: int | None
+
+
+class Sink(Protocol):
+    """Where rows go. `write` may raise or be slow: the publisher counts, never propagates."""
+
+    def write(self, rows: Sequence[Row]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def metric_name(key: str) -> str:
+    """The table name of a metric key, as Levanter's `_metric_name` makes it.
+
+    Every character other than an ASCII letter, digit or underscore becomes `_`
+    (`re.sub(r"[^a-zA-Z0-9_]", "_", name)` in marin-community/marin
+    lib/levanter/src/levanter/tracker/telemetry.py). Levanter keeps the case, and
+    so does this: `train/loss` -> `train_loss`.
+    """
+    return _NOT_NAME.sub("_", key)
+
+
+def scalar(value: Any) -> float | None:
+    """The float of a real scalar (Python or NumPy/JAX 0-d), NaN and inf kept; None for anything else.
+
+    Booleans, strings, bytes, arrays of more than one element and complex numbers
+    are not metrics: Levanter's `_as_scalar` refuses the same.
+    """
+    if isinstance(value, bool | str | bytes):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None and tuple(shape) == () and hasattr(value, "item"):
+        try:
+            item = value.item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if isinstance(item, bool) or not isinstance(item, numbers.Real):
+            return None
+        return float(item)
+    return None
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+@dataclass
+class Counts:
+    """What the publisher did not write, by cause; a snapshot for logs and tests."""
+
+    written: int = 0
+    dropped_queue_full: int = 0
+    dropped_sink_error: int = 0
+    dropped_not_numeric: int = 0
+    dropped_too_many: int = 0
+    dropped_long_name: int = 0
+    dropped_at_finish: int = 0
+    sink_errors: int = 0
+
+    def dropped(self) -> int:
+        return (
+            self.dropped_queue_full
+            + self.dropped_sink_error
+            + self.dropped_not_numeric
+            + self.dropped_too_many
+            + self.dropped_long_name
+            + self.dropped_at_finish
+        )
+
+
+class Publisher:
+    """Telemetry rows from a training loop to a sink, without ever blocking or failing the loop.
+
+    Identity comes from the arguments, else from LOSSSPIKE_RUN_ID, LOSSSPIKE_JOB_ID,
+    LOSSSPIKE_EXECUTION_UID, LOSSSPIKE_CLUSTER and LOSSSPIKE_PROCESS_INDEX. Only
+    process 0 writes; on any other process every method is a no-op (as Levanter's
+    tracker is since marin PR #8678).
+
+    `clock` returns the row timestamps (UTC); `heartbeat_s` and `flush_interval_s`
+    exist for tests and the demo.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        run_id: str | None = None,
+        job_id: str | None = None,
+        execution_uid: str | None = None,
+        cluster: str | None = None,
+        process_index: int | None = None,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        max_queue_rows: int = MAX_QUEUE_ROWS,
+        batch_rows: int = BATCH_ROWS,
+        heartbeat_s: float | None = HEARTBEAT_SECONDS,
+        flush_interval_s: float = FLUSH_INTERVAL_SECONDS,
+        start_thread: bool = True,
+    ) -> None:
+        run = run_id or _env(ENV_RUN_ID)
+        if not run:
+            raise ValueError(f"Publisher needs a run_id: pass run_id= or set {ENV_RUN_ID}")
+        if process_index is None:
+            raw = _env(ENV_PROCESS_INDEX)
+            try:
+                process_index = int(raw) if raw is not None else 0
+            except ValueError:
+                raise ValueError(f"{ENV_PROCESS_INDEX}={raw!r} is not an integer process index") from None
+        if max_queue_rows < 1 or batch_rows < 1:
+            raise ValueError("max_queue_rows and batch_rows must be at least 1")
+        self.run_id = run
+        self.job_id = job_id or _env(ENV_JOB_ID)
+        self.execution_uid = execution_uid or _env(ENV_EXECUTION_UID)
+        self.cluster = cluster if cluster is not None else _env(ENV_CLUSTER)
+        self.process_index = process_index
+        self.active = process_index == 0
+        self.counts = Counts()
+        self._sink = sink
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._batch_rows = batch_rows
+        self._heartbeat_s = heartbeat_s
+        self._flush_interval_s = flush_interval_s
+        self._queue: collections.deque[Row] = collections.deque(maxlen=max_queue_rows)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self._stopping = False
+        self._finished = False
+        self._phase: TrainingPhase | None = None
+        self._step: int | None = None
+        self._last_warning = -math.inf
+        self._last_error: str | None = None
+        self._deadline = math.inf
+        self._stop = threading.Event()
+        self._reported = Counts()
+        self._thread: threading.Thread | None = None
+        if not self.active:
+            return
+        self._set_phase(TrainingPhase.INITIALIZING)
+        if start_thread:
+            self._thread = threading.Thread(target=self._run, name="lossspike-publisher", daemon=True)
+            self._thread.start()
+
+    # -- the training loop's side: never raises, never waits on the sink ----------------
+
+    def log(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        """Queue one row per scalar in `metrics` at `step`; on process != 0, nothing."""
+        if not self.active or self._finished:
+            return
+        try:
+            self._log(metrics, step)
+        except Exception:  # noqa: BLE001 - a publisher bug must cost rows, not the run
+            logger.exception("lossspike publisher: log() failed; these metrics are lost")
+
+    def _log(self, metrics: Mapping[str, Any], step: int | None) -> None:
+        now = self._clock()
+        rows: list[Row] = []
+        too_many = not_numeric = long_name = 0
+        for index, (key, raw) in enumerate(metrics.items()):
+            if index >= MAX_METRICS_PER_LOG:
+                too_many = len(metrics) - MAX_METRICS_PER_LOG
+                break
+            if not isinstance(key, str) or len(key) > MAX_NAME_CHARS:
+                long_name += 1
+                continue
+            value = scalar(raw)
+            if value is None:
+                not_numeric += 1
+                continue
+            rows.append(self._row(now, metric_name(key), value, step))
+        with self._lock:
+            if step is not None:
+                self._step = step
+            self.counts.dropped_too_many += too_many
+            self.counts.dropped_not_numeric += not_numeric
+            self.counts.dropped_long_name += long_name
+        self._enqueue(rows)
+        if step is not None and LOSS_KEY in metrics and scalar(metrics[LOSS_KEY]) is not None:
+            self._set_phase(TrainingPhase.TRAINING)
+
+    def finish(self, timeout_s: float = FINISH_TIMEOUT_SECONDS) -> bool:
+        """Write FINISHED, flush what is queued within `timeout_s`, close the sink; True if all went.
+
+        Never raises. Rows still queued at the deadline are dropped and counted.
+        """
+        if not self.active or self._finished:
+            return True
+        try:
+            return self._finish(timeout_s)
+        except Exception:  # noqa: BLE001 - finish() runs on the way out of a job: never fail it
+            logger.exception("lossspike publisher: finish() failed")
+            return False
+
+    def _finish(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        self._set_phase(TrainingPhase.FINISHED, force=True)
+        self._finished = True
+        with self._lock:
+            self._deadline = deadline
+            self._stopping = True
+            self._wake.notify_all()
+        self._stop.set()
+        if self._thread is None:
+            self._drain_inline(deadline)
+        else:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            left = len(self._queue) + self._in_flight
+            self.counts.dropped_at_finish += left
+            self._queue.clear()
+            flushed = left == 0
+        if flushed:
+            try:
+                self._sink.close()
+            except Exception as error:  # noqa: BLE001 - the rows are written; a close error loses none
+                logger.warning("lossspike publisher: closing the sink failed: %s", _one_line(error))
+        self._report(force=True)
+        return flushed
+
+    def flush(self, timeout_s: float = FINISH_TIMEOUT_SECONDS) -> bool:
+        """Wait until every queued row has been handed to the sink; True if that happened in time."""
+        if not self.active:
+            return True
+        deadline = time.monotonic() + timeout_s
+        if self._thread is None:
+            self._drain_inline(deadline)
+        with self._lock:
+            self._wake.notify_all()
+            while self._queue or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self._thread is None or not self._thread.is_alive()):
+                    break
+                self._idle.wait(min(left, 0.1))
+            return not self._queue and not self._in_flight
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _row(self, now: datetime, name: str, value: float, step: int | None) -> Row:
+        return Row(
+            timestamp=now,
+            service=SERVICE,
+            name=name,
+            value=value,
+            cluster=self.cluster,
+            run_id=self.run_id,
+            job_id=self.job_id,
+            execution_uid=self.execution_uid,
+            process_index=self.process_index,
+            step=step,
+        )
+
+    def _enqueue(self, rows: Iterable[Row]) -> None:
+        with self._lock:
+            for row in rows:
+                if len(self._queue) == self._queue.maxlen:
+                    self.counts.dropped_queue_full += 1
+                self._queue.append(row)
+            self._wake.notify_all()
+        self._report()
+
+    def _set_phase(self, phase: TrainingPhase, force: bool = False) -> None:
+        """Write a phase row on a change (a repeat is the heartbeat's job), or always with `force`."""
+        with self._lock:
+            if self._phase == phase and not force:
+                return
+            self._phase = phase
+            step = self._step
+        self._enqueue([self._row(self._clock(), "phase", float(phase), step)])
+
+    def heartbeat(self) -> None:
+        """Republish the current phase (the background thread calls this every `heartbeat_s`)."""
+        with self._lock:
+            phase, step = self._phase, self._step
+        if phase is not None and phase is not TrainingPhase.FINISHED and not self._finished:
+            self._enqueue([self._row(self._clock(), "phase", float(phase), step)])
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + (self._heartbeat_s or math.inf)
+        batch: list[Row] = []
+        attempts = 0
+        backoff = 0.0
+        while True:
+            if not self._stopping and time.monotonic() >= next_beat:
+                self.heartbeat()
+                next_beat = time.monotonic() + (self._heartbeat_s or math.inf)
+            if self._stopping and time.monotonic() >= self._deadline:
+                return
+            if not batch:
+                with self._lock:
+                    batch = [self._queue.popleft() for _ in range(min(self._batch_rows, len(self._queue)))]
+                    self._in_flight = len(batch)
+                attempts, backoff = 0, 0.0
+            if batch:
+                attempts += 1
+                if self._write(batch, final=attempts >= SINK_ATTEMPTS):
+                    batch = []
+                else:
+                    backoff = min(max(2 * backoff, self._flush_interval_s), MAX_BACKOFF_SECONDS)
+                with self._lock:
+                    self._in_flight = len(batch)
+                self._report()
+            with self._lock:
+                if not self._queue and not batch:
+                    self._idle.notify_all()
+                    if self._stopping:
+                        return
+                    self._wake.wait(max(0.0, min(self._flush_interval_s, next_beat - time.monotonic())))
+                    continue
+            if batch:
+                # A failed batch waits before its retry; finish() cuts the wait short.
+                if self._stopping:
+                    time.sleep(min(backoff, 0.05))
+                else:
+                    self._stop.wait(max(0.0, min(backoff, next_beat - time.monotonic())))
+
+    def _write(self, batch: list[Row], final: bool) -> bool:
+        """Hand `batch` to the sink; False on an error (the batch is dropped and counted if `final`)."""
+        try:
+            self._sink.write(batch)
+        except Exception as error:  # noqa: BLE001 - any sink failure costs this batch at most
+            with self._lock:
+                self.counts.sink_errors += 1
+                self._last_error = _one_line(error)
+                if final:
+                    self.counts.dropped_sink_error += len(batch)
+            return final
+        with self._lock:
+            self.counts.written += len(batch)
+        return True
+
+    def _drain_inline(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            with self._lock:
+                batch = [self._queue.popleft() for _ in range(min(self._batch_rows, len(self._queue)))]
+            if not batch:
+                return
+            self._write(batch, final=True)
+
+    def _report(self, force: bool = False) -> None:
+        """Log what was lost since the last report, at most once a minute (or now, with `force`)."""
+        now = time.monotonic()
+        with self._lock:
+            if not force and now - self._last_warning < LOG_EVERY_SECONDS:
+                return
+            counts, last = self.counts, self._reported
+            lost = {
+                "queue full": counts.dropped_queue_full - last.dropped_queue_full,
+                "sink errors": counts.dropped_sink_error - last.dropped_sink_error,
+                "not numeric": counts.dropped_not_numeric - last.dropped_not_numeric,
+                f"over {MAX_METRICS_PER_LOG} metrics in one log()": counts.dropped_too_many - last.dropped_too_many,
+                f"name over {MAX_NAME_CHARS} chars or not a string": counts.dropped_long_name - last.dropped_long_name,
+                "unflushed at finish()": counts.dropped_at_finish - last.dropped_at_finish,
+            }
+            errors = counts.sink_errors - last.sink_errors
+            if not any(lost.values()) and not errors:
+                return
+            self._last_warning = now
+            self._reported = Counts(**vars(counts))
+            error = self._last_error
+        parts = ", ".join(f"{count} {why}" for why, count in lost.items() if count)
+        tail = f"; {errors} sink error(s), last: {error}" if errors and error else ""
+        logger.warning(
+            "lossspike publisher (run %s): rows dropped: %s (%d in all)%s",
+            self.run_id,
+            parts or "none",
+            counts.dropped(),
+            tail,
+        )
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+# -- sinks -------------------------------------------------------------------------------
+
+# The DuckDB table: the contract's types (SPEC "Data contracts") plus process_index and step.
+DUCKDB_COLUMNS = {
+    "timestamp": "TIMESTAMP WITH TIME ZONE",
+    "service": "VARCHAR",
+    "name": "VARCHAR",
+    "value": "DOUBLE",
+    "cluster": "VARCHAR",
+    "run_id": "VARCHAR",
+    "job_id": "VARCHAR",
+    "execution_uid": "VARCHAR",
+    "process_index": "BIGINT",
+    "step": "BIGINT",
+}
+
+
+class DuckDBSink:
+    """Append rows to a DuckDB file's `telemetry` table, creating it in the contract's types if absent.
+
+    Each batch opens the file, appends in one transaction and closes it, so the
+    file is never held between batches and a reader (lossspike evaluate) can
+    open it in between; a batch that finds the file locked fails and is counted.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], table: str = "telemetry") -> None:
+        from lossspike.sql import DUCKDB, quote_table
+
+        self.path = os.fspath(path)
+        self._table = quote_table(DUCKDB, table)
+        self._created = False
+
+    def _create(self, connection: Any) -> None:
+        columns = ", ".join(f'"{name}" {kind}' for name, kind in DUCKDB_COLUMNS.items())
+        connection.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
+        present = {r[0] for r in connection.execute(f"SELECT * FROM {self._table} LIMIT 0").description}
+        for name in ("process_index", "step"):
+            if name not in present:
+                connection.execute(f'ALTER TABLE {self._table} ADD COLUMN "{name}" BIGINT')
+        self._created = True
+
+    def write(self, rows: Sequence[Row]) -> None:
+        import duckdb
+
+        data = _arrow_rows(rows)
+        names = ", ".join(f'"{name}"' for name in ROW_COLUMNS)
+        with duckdb.connect(self.path) as connection:
+            if not self._created:
+                self._create(connection)
+            connection.register("lossspike_publish_rows", data)
+            connection.execute(f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_publish_rows")
+
+    def close(self) -> None:
+        pass
+
+
+def _arrow_rows(rows: Sequence[Row]) -> Any:
+    """The rows as an Arrow table in the sink column types (TIMESTAMP as UTC microseconds)."""
+    import pyarrow as pa
+
+    return pa.table(
+        {name: [getattr(row, name) for row in rows] for name in ROW_COLUMNS},
+        schema=_arrow_schema(),
+    )
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("service", pa.string()),
+            ("name", pa.string()),
+            ("value", pa.float64()),
+            ("cluster", pa.string()),
+            ("run_id", pa.string()),
+            ("job_id", pa.string()),
+            ("execution_uid", pa.string()),
+            ("process_index", pa.int64()),
+            ("step", pa.int64()),
+        ]
+    )
+
+
+class BigQueryWriteSink:
+    """Append rows through the BigQuery Storage Write API's default stream, as Arrow record batches.
+
+    The cheapest write that keeps rows readable at once (docs/publishing.md has
+    the prices): $0.025/GiB with 2 TiB a month free, at-least-once, committed on
+    acknowledgement. `table` is `project.dataset.table`; the table must exist with
+    process_index and step columns. `client` is a BigQueryWriteClient (the
+    tests pass one bound to the emulator's gRPC port). A response with an error
+    or row errors raises, so the publisher counts the batch.
+    """
+
+    def __init__(self, table: str, client: Any = None, timeout_s: float = 10.0) -> None:
+        project, dataset, name = table.split(".")
+        self.table = table
+        self._stream = f"projects/{project}/datasets/{dataset}/tables/{name}/streams/_default"
+        if client is None:
+            from google.cloud import bigquery_storage_v1
+
+            client = bigquery_storage_v1.BigQueryWriteClient()
+        self._client = client
+        self._timeout_s = timeout_s
+
+    def write(self, rows: Sequence[Row]) -> None:
+        from google.cloud.bigquery_storage_v1 import types
+
+        data = _arrow_rows(rows)
+        batch = data.to_batches()[0] if data.num_rows else None
+        if batch is None:
+            return
+        request = types.AppendRowsRequest(
+            write_stream=self._stream,
+            arrow_rows=types.AppendRowsRequest.ArrowData(
+                writer_schema=types.ArrowSchema(serialized_schema=data.schema.serialize().to_pybytes()),
+                rows=types.ArrowRecordBatch(serialized_record_batch=batch.serialize().to_pybytes()),
+            ),
+        )
+        # The stream name routes the call (x-goog-request-params), as the client library's writer sends it.
+        metadata = (("x-goog-request-params", f"write_stream={self._stream}"),)
+        for response in self._client.append_rows(iter([request]), timeout=self._timeout_s, metadata=metadata):
+            if response.error.code or response.row_errors:
+                detail = response.error.message or response.row_errors[0].message
+                raise RuntimeError(f"BigQuery Storage Write refused {len(rows)} rows: {detail}")
+            return
+        raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
+
+    def close(self) -> None:
+        transport = getattr(self._client, "transport", None)
+        if transport is not None:
+            transport.close()
+
+
+def _bigquery_json(row: Row) -> dict[str, Any]:
+    value: float | str = row.value
+    if math.isnan(row.value):
+        value = "NaN"  # BigQuery's JSON spelling of non-finite FLOAT64 values
+    elif math.isinf(row.value):
+        value = "Infinity" if row.value > 0 else "-Infinity"
+    return {
+        "timestamp": row.timestamp.astimezone(UTC).isoformat(),
+        "service": row.service,
+        "name": row.name,
+        "value": value,
+        "cluster": row.cluster,
+        "run_id": row.run_id,
+        "job_id": row.job_id,
+        "execution_uid": row.execution_uid,
+        "process_index": row.process_index,
+        "step": row.step,
+    }
+
+
+class BigQueryInsertAllSink:
+    """Append rows with BigQuery's legacy streaming inserts (tabledata.insertAll).
+
+    `table` is `project.dataset.table`. The table must exist (Terraform makes it)
+    with process_index and step columns; a batch whose insert fails, wholly or in
+    part, raises so the publisher counts it. See docs/publishing.md for why this
+    path and what the Storage Write API would cost instead.
+    """
+
+    def __init__(self, table: str, client: Any = None, timeout_s: float = 10.0) -> None:
+        from google.cloud import bigquery
+
+        self.table = table
+        self._client = client or bigquery.Client()
+        self._timeout_s = timeout_s
+
+    def write(self, rows: Sequence[Row]) -> None:
+        from google.api_core.retry import Retry
+
+        errors = self._client.insert_rows_json(
+            self.table,
+            [_bigquery_json(row) for row in rows],
+            row_ids=[None] * len(rows),
+            retry=Retry(deadline=self._timeout_s),
+            timeout=self._timeout_s,
+        )
+        if errors:
+            first = errors[0].get("errors", [{}])[0].get("message", errors[0])
+            raise RuntimeError(f"BigQuery refused {len(errors)} of {len(rows)} rows: {first}")
+
+    def close(self) -> None:
+        self._client.close()
