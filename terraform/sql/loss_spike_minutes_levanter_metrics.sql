@@ -70,7 +70,10 @@ SELECT
   MAX_BY(IF(name = '${router_bias_min_metric}', value, NULL), IF(name = '${router_bias_min_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS router_bias_min_last,
   MAX(IF(name = '${router_bias_min_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS router_bias_min_last_at,
   MAX_BY(IF(name = '${router_bias_min_metric}' AND ABS(value) < 1e150, value, NULL), IF(name = '${router_bias_min_metric}' AND ABS(value) < 1e150, TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS router_bias_min_last_finite,
-  MAX(IF(name = '${router_bias_min_metric}' AND ABS(value) < 1e150, TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS router_bias_min_last_finite_at
+  MAX(IF(name = '${router_bias_min_metric}' AND ABS(value) < 1e150, TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS router_bias_min_last_finite_at,
+  MAX_BY(IF(name = '${phase_metric}', value, NULL), IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_last,
+  MAX(IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_last_at,
+  MIN(IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_first_at
 FROM `${telemetry_table}`
 WHERE timestamp_ms >= UNIX_MILLIS(TIMESTAMP '${since}')
   AND process_index = 0
