@@ -118,14 +118,15 @@ class Sink(Protocol):
 
 
 def metric_name(key: str) -> str:
-    """The table name of a metric key, as Levanter's `_metric_name` makes it.
+    """The table name of a metric key: lower case, every other character than an ASCII letter,
+    digit or underscore `_` (SPEC "Publishing telemetry").
 
-    Every character other than an ASCII letter, digit or underscore becomes `_`
-    (`re.sub(r"[^a-zA-Z0-9_]", "_", name)` in marin-community/marin
-    lib/levanter/src/levanter/tracker/telemetry.py). Levanter keeps the case, and
-    so does this: `train/loss` -> `train_loss`.
+    Levanter's `_metric_name` (marin-community/marin lib/levanter/src/levanter/tracker/telemetry.py)
+    makes the same substitution; every key Levanter logs is lower case already, so its names come
+    out identical (`train/loss` -> `train_loss`), and a plain loop's `Train/Loss` still lands on
+    the name the alert reads by default.
     """
-    return _NOT_NAME.sub("_", key)
+    return _NOT_NAME.sub("_", key).lower()
 
 
 def scalar(value: Any) -> float | None:

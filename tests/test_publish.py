@@ -141,6 +141,8 @@ def test_metric_names_as_levanter_writes_them() -> None:
     assert metric_name("train/loss") == "train_loss"
     assert metric_name("eval_dropless/paloma/macro_loss") == "eval_dropless_paloma_macro_loss"
     assert metric_name("optim/skipped_step") == "optim_skipped_step"
+    # SPEC "Publishing telemetry": lower case, every other character `_`.
+    assert metric_name("Train/Loss") == "train_loss"
 
 
 def test_a_process_other_than_0_writes_nothing(tmp_path: Path) -> None:
