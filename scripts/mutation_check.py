@@ -125,8 +125,8 @@ MUTANTS = [
     Mutant(
         "NULL values enroll runs",
         "lossspike/sql.py",
-        "    AND value IS NOT NULL\n    AND run_id <> ''\n    AND {runs}",
-        "    AND run_id <> ''\n    AND {runs}",
+        'kept += ["value IS NOT NULL", "run_id <> \'\'", runs]',
+        'kept += ["run_id <> \'\'", runs]',
         PROPERTIES,
     ),
     Mutant(
