@@ -53,6 +53,9 @@ MAX_HORIZON_MINUTES = 24 * 60
 # The detectors judge a level against at least this many minutes of baseline with data,
 # so a restarted attempt's first minutes never page.
 MIN_DETECTOR_BASELINE_MINUTES = 20
+# A check pending longer than the baseline hour pages a trend the loss rules saw long before:
+# no page is worth that delay, and the tick's extra reads stay bounded by it.
+MAX_PENDING_MINUTES = 60
 
 # The row written when nothing is enrolled, so that "no data" is reserved for a
 # broken evaluator.
@@ -110,6 +113,9 @@ class Thresholds:
     grad_norm_limit: float = 2.0
     # Marin: three skipped steps in 15 minutes is the optimizer rejecting a trend, not a blip.
     skipped_steps_limit: float = 3.0
+    # Marin's rules "stay pending for five": a check fires only when its condition held at every
+    # whole-minute tick of this many minutes back (0 fires at once), so one bad step is no page.
+    check_pending_minutes: int = 5
     # Model-specific: no default, the check is off until set.
     throughput_floor: float | None = None
     mfu_floor: float | None = None
@@ -163,6 +169,9 @@ def threshold_problems(t: Any) -> list[str]:
             isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
         ):
             problems.append(f"{name} must be a finite number or unset, got {value!r}")
+    pending = t.check_pending_minutes
+    if isinstance(pending, bool) or not isinstance(pending, int) or not 0 <= pending <= MAX_PENDING_MINUTES:
+        problems.append(f"check_pending_minutes must be an integer from 0 to {MAX_PENDING_MINUTES}, got {pending!r}")
     count = t.instability_count
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         problems.append(f"instability_count must be a positive integer, got {count!r}")

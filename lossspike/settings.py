@@ -243,6 +243,11 @@ OPTIONS = (
     Option("loss_jump_limit", _non_negative_float, "loss_jump: recent floor minus baseline floor that fires."),
     Option("grad_norm_limit", _non_negative_float, "grad_norm_high: newest gradient norm above this fires."),
     Option("skipped_steps_limit", _non_negative_float, "steps_skipped: skipped steps in 15 minutes that fire."),
+    Option(
+        "check_pending_minutes",
+        _non_negative_int,
+        "Checks fire only when their condition held at every minute tick this far back (0: at once).",
+    ),
     Option("throughput_floor", _optional_float, "throughput_low: tokens per second below this (unset: off)."),
     Option("mfu_floor", _optional_float, "mfu_low: MFU in percent below this (unset: off)."),
     Option("token_drop_limit", _optional_float, "token_drops: MoE drop fraction above this (unset: off)."),

@@ -7,6 +7,7 @@ values, too few samples, NaN values, metrics absent) and override rows scoped to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import timedelta
 
@@ -26,6 +27,15 @@ MINUTE = timedelta(minutes=1)
 PROPERTY = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
+# The pending period as shipped (5), none (0: fires at once), and a short one, with and without
+# the model-specific checks.
+LIMITS = [
+    Thresholds(),
+    ALL_LIMITS,
+    Thresholds(check_pending_minutes=0),
+    dataclasses.replace(ALL_LIMITS, check_pending_minutes=0),
+    dataclasses.replace(ALL_LIMITS, check_pending_minutes=2),
+]
 CHECK_LISTS = st.sampled_from([None, None, ("grad_norm_high", "steps_skipped", "throughput_low"), ("router_bias",)])
 
 
@@ -36,14 +46,20 @@ def reported(rows: list[dict]) -> None:
 
 
 @PROPERTY
-@given(data=st.data(), limits=st.sampled_from([Thresholds(), ALL_LIMITS]), listed=CHECK_LISTS)
+@given(data=st.data(), limits=st.sampled_from(LIMITS), listed=CHECK_LISTS)
 def test_checks_match_the_oracle(data, limits, listed):
     runs = [data.draw(health_runs("hero-a"))]
     if data.draw(st.booleans()):
         runs.append(data.draw(health_runs("hero-b")))
     samples = [s for run in runs for s in samples_of(run)]
     # A model-specific threshold set for one run only turns its check on (tested below).
-    overrides = data.draw(check_overrides([r.run_id for r in runs], model_specific=limits is ALL_LIMITS))
+    overrides = data.draw(
+        check_overrides(
+            [r.run_id for r in runs],
+            model_specific=limits.mfu_floor is not None,
+            max_pending=limits.check_pending_minutes,
+        )
+    )
     config = Settings(thresholds=limits, checks=listed)
     rows = rows_for(samples, config, NOW, overrides)
     reported(rows)
