@@ -69,6 +69,13 @@ def test_checks_match_the_oracle(data, limits, listed):
 # --- what a user sees -------------------------------------------------------------------
 
 
+def at_once(samples: list[Sample], config: Settings, now=NOW, overrides=()) -> list[dict]:
+    """evaluate's rows with the pending period off (0): what one tick's conditions make fire.
+    The period itself is tested below, from "the pending period" on."""
+    thresholds = dataclasses.replace(config.thresholds, check_pending_minutes=0)
+    return rows_for(samples, dataclasses.replace(config, thresholds=thresholds), now, overrides)
+
+
 def metric(name: str, values: list[float], run: str = "hero-a", every: float = 30.0, uid: str = "attempt-1"):
     """`values` of one metric, the last one `every` seconds before now, oldest first."""
     count = len(values)
@@ -84,7 +91,7 @@ def check_rows(rows: list[dict], run: str = "hero-a") -> list[dict]:
 
 def test_a_run_without_the_extra_metrics_gets_no_check_row():
     samples = falling_run() + falling_run("hero-b", seed=2) + metric("grad_norm_total", [2.5] * 5, "hero-b")
-    rows = rows_for(samples, Settings(thresholds=ALL_LIMITS, checks=None))
+    rows = at_once(samples, Settings(thresholds=ALL_LIMITS, checks=None))
     assert [r["reason"] for r in rows if r["run"] == "hero-a"] == ["healthy"]
     assert [(r["reason"], r["observed"], r["threshold"]) for r in check_rows(rows, "hero-b")] == [
         ("grad_norm_high", 2.5, 2.0)
@@ -93,9 +100,9 @@ def test_a_run_without_the_extra_metrics_gets_no_check_row():
 
 def test_checks_none_gives_exactly_the_loss_rows():
     samples = falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("optim_skipped_step", [1.0] * 6)
-    everything = rows_for(samples, Settings())
+    everything = at_once(samples, Settings())
     assert {r["reason"] for r in check_rows(everything)} == {"grad_norm_high", "steps_skipped"}
-    loss_only = rows_for(samples, Settings(checks=()))
+    loss_only = at_once(samples, Settings(checks=()))
     assert loss_only == [everything[0]]
 
 
@@ -104,7 +111,7 @@ def test_a_silenced_runs_check_rows_keep_reason_and_severity_with_value_0():
         falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("eval_paloma_macro_loss", [3.0, 3.2], every=600)
     )
     silence = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, note="ablation")
-    rows = check_rows(rows_for(samples, Settings(), overrides=[silence]))
+    rows = check_rows(at_once(samples, Settings(), overrides=[silence]))
     assert [(r["reason"], r["severity"], r["value"], r["silenced"], r["note"]) for r in rows] == [
         ("grad_norm_high", "page", 0, True, "ablation"),
         ("eval_regressed", "notify", 0, True, "ablation"),
@@ -116,24 +123,24 @@ def test_a_silenced_runs_check_rows_keep_reason_and_severity_with_value_0():
 def test_an_override_scoped_to_loss_silences_the_loss_row_only():
     samples = falling_run(minutes=90, shift=0.3, shift_age=6) + metric("grad_norm_total", [9.0] * 5)
     scoped = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, reason="loss")
-    loss, check = rows_for(samples, Settings(), overrides=[scoped])
+    loss, check = at_once(samples, Settings(), overrides=[scoped])
     assert (loss["reason"], loss["value"], loss["silenced"]) == ("level_shift", 0, True)
     assert (check["reason"], check["value"], check["silenced"]) == ("grad_norm_high", 1, False)
     # And one scoped to a check silences that check's row only.
     scoped = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, reason="grad_norm_high")
-    loss, check = rows_for(samples, Settings(), overrides=[scoped])
+    loss, check = at_once(samples, Settings(), overrides=[scoped])
     assert (loss["value"], check["value"], check["silenced"]) == (1, 0, True)
 
 
 def test_a_checks_threshold_comes_from_its_scoped_override_row():
     samples = falling_run() + metric("grad_norm_total", [1.5] * 5)
-    assert check_rows(rows_for(samples, Settings())) == []
+    assert check_rows(at_once(samples, Settings())) == []
     tighter = OverrideRow("hero-a", NOW - 5 * MINUTE, grad_norm_limit=1.0, reason="grad_norm_high")
-    [row] = check_rows(rows_for(samples, Settings(), overrides=[tighter]))
+    [row] = check_rows(at_once(samples, Settings(), overrides=[tighter]))
     assert (row["reason"], row["observed"], row["threshold"]) == ("grad_norm_high", 1.5, 1.0)
     # A row scoped to another check leaves this one alone.
     other = OverrideRow("hero-a", NOW - 5 * MINUTE, grad_norm_limit=1.0, reason="steps_skipped")
-    assert check_rows(rows_for(samples, Settings(), overrides=[other])) == []
+    assert check_rows(at_once(samples, Settings(), overrides=[other])) == []
 
 
 def test_skipped_steps_of_the_previous_attempt_do_not_count():
@@ -141,18 +148,18 @@ def test_skipped_steps_of_the_previous_attempt_do_not_count():
     samples = falling_run() + metric("optim_skipped_step", [1.0, 1.0], every=120, uid="attempt-1")
     samples += metric("optim_skipped_step", [1.0, 1.0], every=30, uid="attempt-2")
     samples += metric("grad_norm_total", [0.5], every=5, uid="attempt-2")
-    assert check_rows(rows_for(samples, Settings())) == []
+    assert check_rows(at_once(samples, Settings())) == []
     samples += metric("optim_skipped_step", [1.0], every=10, uid="attempt-2")
-    [row] = check_rows(rows_for(samples, Settings()))
+    [row] = check_rows(at_once(samples, Settings()))
     assert (row["reason"], row["observed"], row["threshold"]) == ("steps_skipped", 3.0, 3.0)
 
 
 def test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not():
     samples = falling_run() + metric("grad_norm_total", [1.0, math.nan])
-    [row] = check_rows(rows_for(samples, Settings()))
+    [row] = check_rows(at_once(samples, Settings()))
     assert row["reason"] == "grad_norm_high" and row["severity"] == "page"
     stale = falling_run() + [Sample(NOW - 16 * MINUTE, 9.0, "hero-a", name="grad_norm_total")]
-    assert check_rows(rows_for(stale, Settings())) == []
+    assert check_rows(at_once(stale, Settings())) == []
 
 
 def test_a_floor_set_for_one_run_turns_its_check_on():
@@ -160,7 +167,7 @@ def test_a_floor_set_for_one_run_turns_its_check_on():
     override column: a floor set for one run turns that run's check on."""
     samples = falling_run() + metric("throughput_mfu", [39.0] * 12, every=20)
     floor = OverrideRow("hero-a", NOW - 5 * MINUTE, mfu_floor=50.0, reason="mfu_low")
-    rows = check_rows(rows_for(samples, Settings(), overrides=[floor]))
+    rows = check_rows(at_once(samples, Settings(), overrides=[floor]))
     assert [(r["reason"], r["severity"], r["observed"], r["threshold"]) for r in rows] == [
         ("mfu_low", "notify", 39.0, 50.0)
     ]
@@ -168,7 +175,7 @@ def test_a_floor_set_for_one_run_turns_its_check_on():
 
 def test_seed_setting_has_no_check_rows():
     samples = falling_run() + metric("grad_norm_total", [9.0] * 5)
-    assert [r["reason"] for r in rows_for(samples, seed_settings())] == ["healthy"]
+    assert [r["reason"] for r in at_once(samples, seed_settings())] == ["healthy"]
 
 
 def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
@@ -181,7 +188,7 @@ def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
             for s, d in ((0, -5.0), (20, 5.0))
         ]
     config = Settings(thresholds=Thresholds(throughput_floor=1000.0))
-    [row] = check_rows(rows_for(samples, config))
+    [row] = check_rows(at_once(samples, config))
     assert (row["reason"], row["severity"], row["metric"]) == (
         "throughput_low",
         "notify",
@@ -190,7 +197,7 @@ def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
     assert (row["observed"], row["threshold"]) == (970.0, 1000.0)  # the median of the minute means
     # Fewer than ten samples in the window say nothing.
     few = falling_run() + [s for s in samples if s.name != "train_loss"][:9]
-    assert check_rows(rows_for(few, config)) == []
+    assert check_rows(at_once(few, config)) == []
 
 
 def test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric():
@@ -198,14 +205,14 @@ def test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric():
     between equal times the larger UID wins, and NULL loses to any UID."""
     old = falling_run(minutes=90, shift=0.5, shift_age=6)
     fresh = Sample(NOW - timedelta(seconds=2), 0.5, "hero-a", name="grad_norm_total", execution_uid="attempt-2")
-    row = rows_for([*old, fresh], Settings())[0]
+    row = at_once([*old, fresh], Settings())[0]
     assert (row["reason"], row["baseline_samples"], row["recent_samples"]) == ("warming_up", 0, 0)
-    assert rows_for([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
+    assert at_once([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
     for older, newer in (("attempt-0", "attempt-1"), (None, "attempt-1")):
         tie = Sample(old[-1].timestamp, 9.0, "hero-a", name="grad_norm_total", execution_uid=older)
-        row = rows_for([*old, tie], Settings())[0]
+        row = at_once([*old, tie], Settings())[0]
         assert row["reason"] == "level_shift", (older, newer)
-        assert check_rows(rows_for([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
+        assert check_rows(at_once([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
 
 
 def test_notify_checks_read_the_newest_finite_value_of_each_metric():
@@ -214,28 +221,28 @@ def test_notify_checks_read_the_newest_finite_value_of_each_metric():
     samples += metric("moe_drop_fraction", [0.01, 0.1, math.nan])  # NaN ignored: 0.1 is the newest
     samples += metric("train_router_routing_entropy_mean", [6.5, 5.5, 6.0])  # 6.0 is not below
     samples += metric("train_router_bias_max", [300.0]) + metric("train_router_bias_min", [-500.0])
-    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    rows = check_rows(at_once(samples, Settings(thresholds=limits)))
     assert [(r["reason"], r["metric"], r["observed"], r["threshold"]) for r in rows] == [
         ("token_drops", "moe_drop_fraction", 0.1, 0.07),
         ("router_bias", "train_router_bias_min", -500.0, 400.0),
     ]
     samples += metric("train_router_routing_entropy_mean", [5.0], every=1)
-    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    rows = check_rows(at_once(samples, Settings(thresholds=limits)))
     assert [r["reason"] for r in rows] == ["token_drops", "router_entropy", "router_bias"]
 
 
 def test_an_evaluation_older_than_thirty_minutes_says_nothing():
     samples = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=20 * 60)
-    assert [r["reason"] for r in check_rows(rows_for(samples, Settings()))] == ["eval_regressed"]
+    assert [r["reason"] for r in check_rows(at_once(samples, Settings()))] == ["eval_regressed"]
     stale = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=31 * 60)
-    assert check_rows(rows_for(stale, Settings())) == []
+    assert check_rows(at_once(stale, Settings())) == []
 
 
 def test_an_evaluation_no_worse_than_the_one_before_says_nothing():
     """SPEC: eval_regressed is the newest evaluation "above the one before it"; an equal one is not."""
     for values in ([3.2, 3.2], [3.2, 3.1]):
         samples = falling_run() + metric("eval_paloma_macro_loss", values, every=20 * 60)
-        assert check_rows(rows_for(samples, Settings())) == [], values
+        assert check_rows(at_once(samples, Settings())) == [], values
 
 
 def test_loss_jump_fires_beside_a_healthy_loss_row_only():
@@ -248,9 +255,9 @@ def test_loss_jump_fires_beside_a_healthy_loss_row_only():
         Sample(NOW - timedelta(seconds=10 * k + 5), 2.5 + rng.gauss(0, 0.4) + (1.2 if k < 30 else 0), "hero-a")
         for k in range(360)
     ]
-    rows = rows_for(noisy, Settings(detectors=()))
+    rows = at_once(noisy, Settings(detectors=()))
     assert rows[0]["reason"] == "healthy"
     assert [r["reason"] for r in check_rows(rows)] == ["loss_jump"]
     quiet = [Sample(s.timestamp, 2.5 + (1.2 if NOW - s.timestamp < 5 * MINUTE else 0.0), "hero-a") for s in noisy]
-    rows = rows_for(quiet, Settings(detectors=()))
+    rows = at_once(quiet, Settings(detectors=()))
     assert rows[0]["reason"] == "spiking" and check_rows(rows) == []
