@@ -261,3 +261,154 @@ def test_loss_jump_fires_beside_a_healthy_loss_row_only():
     quiet = [Sample(s.timestamp, 2.5 + (1.2 if NOW - s.timestamp < 5 * MINUTE else 0.0), "hero-a") for s in noisy]
     rows = at_once(quiet, Settings(detectors=()))
     assert rows[0]["reason"] == "spiking" and check_rows(rows) == []
+
+
+# --- the pending period (SPEC.md "Pending period") --------------------------------------
+
+
+def grad_norms(first: float, last: float, value: float, uid: str = "attempt-1", run: str = "hero-a") -> list[Sample]:
+    """A gradient norm of `value` every 10 s from `first` to `last` minutes before now."""
+    count = int(round((first - last) * 6))
+    return [
+        Sample(
+            NOW - timedelta(minutes=first) + timedelta(seconds=10 * i),
+            value,
+            run,
+            name="grad_norm_total",
+            execution_uid=uid,
+        )
+        for i in range(count + 1)
+    ]
+
+
+def reasons(rows: list[dict], run: str = "hero-a") -> list[str]:
+    return [r["reason"] for r in check_rows(rows, run)]
+
+
+def pending(minutes: int) -> Settings:
+    return Settings(thresholds=Thresholds(check_pending_minutes=minutes))
+
+
+def test_a_check_fires_when_its_condition_held_at_every_tick_of_the_period_and_not_one_fewer():
+    """The ticks judged are now - k minutes, k = 0..N: high since 5 min 50 s ago holds at
+    ticks 0..5 (the tick 5 minutes back sees the value from 50 s before it), since 4 min 50 s
+    at ticks 0..4 only."""
+    low = grad_norms(40, 6, 1.0)
+    held_six = falling_run() + low + grad_norms(5 + 50 / 60, 0.1, 9.0)
+    held_five = falling_run() + low + grad_norms(4 + 50 / 60, 0.1, 9.0)
+    assert reasons(rows_for(held_six, pending(5))) == ["grad_norm_high"]
+    assert reasons(rows_for(held_five, pending(5))) == []
+    assert reasons(rows_for(held_five, pending(4))) == ["grad_norm_high"]
+    # The row says what the tick at now saw.
+    [row] = check_rows(rows_for(held_six, pending(5)))
+    assert (row["observed"], row["threshold"], row["severity"]) == (9.0, 2.0, "page")
+
+
+def test_pending_0_fires_at_once_and_the_default_waits_out_one_spiking_step():
+    """One step's gradient norm far above its limit: a page at once with 0, none with the
+    shipped five minutes (SPEC: a one-step spike skip-step already discarded is not a page)."""
+    spike = (
+        falling_run()
+        + grad_norms(30, 0.5, 1.0)
+        + [Sample(NOW - timedelta(seconds=5), 40.0, "hero-a", name="grad_norm_total", execution_uid="attempt-1")]
+    )
+    assert reasons(rows_for(spike, pending(0))) == ["grad_norm_high"]
+    assert reasons(rows_for(spike, Settings())) == []
+
+
+def test_a_value_gone_stale_at_an_earlier_tick_breaks_the_period():
+    """Freshness is judged at each tick: high values 25-22 minutes back, a gap, high again for
+    the last 3 minutes. At now the newest value is fresh and high; 3-5 minutes back the newest
+    was more than 15 minutes old, so the condition did not hold then."""
+    gap = falling_run() + grad_norms(25, 22, 9.0) + grad_norms(3, 0.1, 9.0)
+    assert reasons(rows_for(gap, pending(0))) == ["grad_norm_high"]
+    assert reasons(rows_for(gap, Settings())) == []
+    # Filled, the gap holds the condition at every tick.
+    assert reasons(rows_for(gap + grad_norms(22, 3, 9.0), Settings())) == ["grad_norm_high"]
+
+
+def test_a_new_attempt_starts_its_pending_period_afresh():
+    """Every tick of the period judges the attempt the tick at now judges: a restart 3 minutes
+    ago has no gradient norm at the ticks 3-5 minutes back, whatever the old attempt logged."""
+    old = grad_norms(40, 3.1, 9.0, uid="attempt-1")
+    recent_restart = falling_run() + old + grad_norms(3, 0.1, 9.0, uid="attempt-2")
+    assert reasons(rows_for(recent_restart, Settings())) == []
+    older_restart = falling_run() + grad_norms(40, 7.1, 9.0, uid="attempt-1") + grad_norms(7, 0.1, 9.0, uid="attempt-2")
+    assert reasons(rows_for(older_restart, Settings())) == ["grad_norm_high"]
+
+
+def test_an_override_row_sets_one_runs_period_and_a_longer_one_is_refused():
+    """check_pending_minutes is an override column: 0 for hero-a pages its two-minute high at once,
+    hero-b keeps the settings' five. A period longer than the settings' cannot be judged from what
+    the tick reads: the row is unusable, reported, and its run keeps the settings' period."""
+    samples = falling_run() + grad_norms(30, 2.2, 1.0) + grad_norms(2, 0.1, 9.0)
+    samples += (
+        falling_run("hero-b", seed=2) + grad_norms(30, 2.2, 1.0, run="hero-b") + grad_norms(2, 0.1, 9.0, run="hero-b")
+    )
+    now_for_a = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=0)
+    rows = rows_for(samples, Settings(), overrides=[now_for_a])
+    assert (reasons(rows, "hero-a"), reasons(rows, "hero-b")) == (["grad_norm_high"], [])
+    # Scoped to another check, the row leaves grad_norm_high's period alone.
+    other = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=0, reason="steps_skipped")
+    assert reasons(rows_for(samples, Settings(), overrides=[other]), "hero-a") == []
+
+    from incidents import store_for
+
+    from lossspike.evaluate import evaluate_tick
+
+    longer = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=6)
+    shorter_b = OverrideRow("hero-b", NOW - 5 * MINUTE, check_pending_minutes=0)
+    rows, problem = evaluate_tick(store_for(samples, [longer, shorter_b]), Settings(), NOW)
+    assert problem is not None and "check_pending_minutes=6 is longer than the settings' 5" in problem
+    assert (reasons(rows, "hero-a"), reasons(rows, "hero-b")) == ([], ["grad_norm_high"])
+
+
+def test_steps_skipped_must_reach_its_count_at_every_tick_of_the_period():
+    """Each tick sums its own 15 minutes: three skips 2-3 minutes ago reach the limit at now
+    and at the ticks 1-2 back, not at 3-5 back."""
+    skips = [
+        Sample(NOW - timedelta(minutes=m), 1.0, "hero-a", name="optim_skipped_step", execution_uid="attempt-1")
+        for m in (2.2, 2.5, 2.8)
+    ]
+    samples = falling_run() + grad_norms(30, 0.1, 0.5) + skips
+    assert reasons(rows_for(samples, pending(0))) == ["steps_skipped"]
+    assert reasons(rows_for(samples, pending(2))) == ["steps_skipped"]
+    assert reasons(rows_for(samples, pending(3))) == []
+
+
+def noisy_loss(jump: float, jump_minutes: float, easy: float | None = None, seed: int = 5) -> list[Sample]:
+    """An hour and a half of a loss around 2.5 (sd 0.4) at 10 s a step, `jump` higher for the last
+    `jump_minutes`; with `easy`, one micro-batch that low 30 minutes back."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for k in range(540):
+        age = timedelta(seconds=10 * k + 5)
+        value = 2.5 + rng.gauss(0, 0.4) + (jump if age < timedelta(minutes=jump_minutes) else 0.0)
+        out.append(Sample(NOW - age, value, "hero-a"))
+    if easy is not None:
+        out.append(Sample(NOW - 30 * MINUTE, easy, "hero-a"))
+    return out
+
+
+def test_loss_jump_is_not_set_off_by_one_easy_batch_in_the_baseline():
+    """The baseline's level is the median of its minutes' floors: one micro-batch 1.4 nats low
+    moved the old floor-vs-floor rule's baseline floor by as much, and paged a healthy run."""
+    quiet = noisy_loss(0.0, 0.0)
+    easy = noisy_loss(0.0, 0.0, easy=0.3)
+    no_detectors = dataclasses.replace(pending(0), detectors=())
+    assert reasons(rows_for(quiet, no_detectors)) == []
+    assert reasons(rows_for(easy, no_detectors)) == []
+
+
+def test_a_sustained_one_nat_jump_pages_loss_jump_once_it_held_the_period():
+    """A level 1.2 nats up: loss_jump after the recent window's median minute floor rose and
+    the rise held for the period (ticks 0..5); 6 minutes into the jump it has not yet."""
+    settings = dataclasses.replace(Settings(), detectors=())
+    early = rows_for(noisy_loss(1.2, 6.0), settings)
+    assert early[0]["reason"] == "healthy" and reasons(early) == []
+    late = rows_for(noisy_loss(1.2, 10.0), settings)
+    assert late[0]["reason"] == "healthy"
+    [row] = check_rows(late)
+    assert row["reason"] == "loss_jump" and row["observed"] > 1.0 and row["threshold"] == 1.0
