@@ -307,6 +307,8 @@ VIEW_READ_PARTS = (
     ("checks", ("",), ("checks", 0), _CHECK_COLUMNS),
     ("eval", ("eval",), ("eval", 0), (*_KEYS, "metric", "eval_last_finite", "eval_last_finite_at")),
     ("history", ("loss",), ("history", "hour"), (*_KEYS, "metric", "loss_base", "loss_finite", "loss_sum")),
+    # loss_jump's earlier ticks of the checks' pending period: the loss's minutes just before the hour.
+    ("pending", ("loss",), ("loss_before_start", "hour"), (*_KEYS, "metric", "loss_finite", "loss_floor")),
 )
 
 

@@ -767,6 +767,11 @@ class TickWindows:
     # [now - hour - loss_before, now - hour): the loss's minute floors for loss_jump's earlier ticks.
     loss_before: int = 0
 
+    @property
+    def loss_before_start(self) -> int:
+        """Minutes before `now` where the pending part starts (0 without one)."""
+        return self.hour + self.loss_before if self.loss_before else 0
+
 
 def tick_read_query(
     dialect: Dialect,
