@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -321,8 +321,3 @@ def run_checks_pending(
         return True
 
     return [f for f in fired if held(f.reason)]
-
-
-def pending_ticks(thresholds: Sequence[Thresholds]) -> int:
-    """How many minutes before a tick its checks may look back for the pending period."""
-    return max((t.check_pending_minutes for t in thresholds), default=0)
