@@ -99,6 +99,10 @@ Must page (the overall figure counts these):
   deadline 20 min (the 15-minute stall threshold plus a recent window).
 - `slow_step_shift`: a 0.1/0.2/0.3/0.5-nat shift in a run at 105 s a step.
   Deadline 10 min.
+- `grad_norm_sustained`: the gradient norm 2.5-4 (above the 2.0 limit) for 6-10
+  minutes, the loss unchanged (Marin's hero-run health alert pages a gradient norm
+  that stays high; a clipped run sits well under 2). Deadline 10 min: the checks'
+  5-minute pending period, a tick, and slack.
 
 Reported separately (the product pages them; the runbook says to silence a
 scheduled one ahead of time):
@@ -343,6 +347,11 @@ def plan(seed: int, clean_runs: int = 110, reps: float = 1.0, kinds: Collection[
         incident = Incident("eval_pause", at(1.5, 3), False, 0, window=None)
         incident.params["pause"] = rng.uniform(8, 12) * 60
         add(incident, late_age(), fresh=rng.random() < 0.3)
+    # Last, so every earlier run draws as it did before this kind existed.
+    for _ in range(n(12)):
+        incident = Incident("grad_norm_sustained", at(1.5, 3), True, 10)
+        incident.params["length"] = rng.uniform(6, 10) * 60
+        add(incident, late_age(), fresh=rng.random() < 0.3)
     return plans
 
 
@@ -465,6 +474,9 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
         loss[np.isnan(offset)] = np.nan
     excess = np.nan_to_num(np.maximum(offset, 0.0), nan=10.0)
     grad = rng.uniform(0.15, 0.4) * np.exp(0.15 * rng.standard_normal(count)) * (1 + 3 * excess)
+    if incident is not None and incident.kind == "grad_norm_sustained":
+        held = (times >= incident.at) & (times < incident.at + incident.params["length"])
+        grad[held] = rng.uniform(2.5, 4.0) * np.exp(0.1 * rng.standard_normal(int(held.sum())))
     skipped = _skip_flags(loss).astype(np.float64)
     if incident is not None and incident.kind == "restart":
         # Skip-step's rolling losses are optimizer state (SkipStepState, saved with the

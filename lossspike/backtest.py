@@ -31,14 +31,15 @@ from lossspike.checks import (
     CHECK_MINUTES,
     CHECK_REASONS,
     CHECKS,
-    EVAL_FRESH_MINUTES,
     EVAL_LOOKBACK_MINUTES,
     EVAL_REGRESSED,
     LOSS_JUMP,
     CheckData,
+    EvalSeries,
     Fired,
-    MetricMinutes,
-    run_checks,
+    MetricSeries,
+    jump_levels,
+    run_checks_pending,
 )
 from lossspike.evaluate import check_row, checks_in_force
 from lossspike.minutes import Partial
@@ -69,7 +70,6 @@ from lossspike.rule import (
 from lossspike.settings import Settings
 from lossspike.sql import (
     CHECK_METRICS,
-    EVAL_MINUTES_KEPT,
     HISTORY_BLOCK_MINUTES,
     bucket_groups_query,
     check_buckets_query,
@@ -373,8 +373,16 @@ def backtest(
         raise ValueError("ticks must be increasing and evenly spaced")
     every = int(steps[0]) if len(steps) else 1
     variants = list(variants) or [settings.thresholds]
+    # Every variant's checks in force: a model-specific check a row turns on counts (see below).
+    pending = max(t.check_pending_minutes for t in variants)
+    rows_read = store.read_overrides(ticks[-1]) if overrides else []
+    jumps = any(LOSS_JUMP in checks_in_force(settings.checks, t, rows_read) for t in variants)
+    # loss_jump's earlier ticks of the pending period read the hour before each of them.
     lookback = max(
-        max(t.baseline_minutes, t.divergence_minutes if set(HISTORY_DETECTORS) & set(settings.detectors) else 0)
+        max(
+            t.baseline_minutes + (pending if jumps else 0),
+            t.divergence_minutes if set(HISTORY_DETECTORS) & set(settings.detectors) else 0,
+        )
         for t in variants
     )
     query = bucket_groups_query(
@@ -387,11 +395,11 @@ def backtest(
     )
     buckets = store.fetch(query)
     # The overrides in force at each tick, as they were then (by created_at and silenced_until).
-    rows = store.read_overrides(ticks[-1]) if overrides else []
+    rows = rows_read
     # Every row read counts for the checks' list: a model-specific check a row turns on later
     # fires nothing before, since no threshold is set for it then (evaluate.checks_in_force).
     checks = [checks_in_force(settings.checks, thresholds, rows) for thresholds in variants]
-    check_buckets = _read_checks(store, settings, ticks, checks)
+    check_buckets = _read_checks(store, settings, ticks, checks, variants)
     names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
     return [
         Backtest(
@@ -415,10 +423,15 @@ def backtest(
 
 
 def _read_checks(
-    store: Store, settings: Settings, ticks: list[datetime], checks: list[tuple[str, ...]]
+    store: Store,
+    settings: Settings,
+    ticks: list[datetime],
+    checks: list[tuple[str, ...]],
+    settings_variants: Sequence[Thresholds] = (),
 ) -> pa.Table | None:
     """The check metrics' minute buckets the ticks read (None when no check reads any)."""
-    dense, evals = (max(parts) for parts in zip(*(check_lookback(c) for c in checks), strict=True))
+    pending = max(t.check_pending_minutes for t in settings_variants) if settings_variants else 0
+    dense, evals = (max(parts) for parts in zip(*(check_lookback(c, pending) for c in checks), strict=True))
     if not dense and not evals:
         return None
     start = ticks[0] - timedelta(minutes=max(dense, evals))
@@ -518,7 +531,7 @@ def _histories(
             if mine_phases:
                 _apply_phases(histories[-1], mine_phases, verdicts, run_windows, offset, ticks)
             if checks is not None:
-                checks.judge(histories[-1], seed, chosen[offset])
+                checks.judge(histories[-1], seed, chosen[offset], grid, ends)
                 if mine_phases and histories[-1].checks:
                     for tick, fired in histories[-1].checks.items():
                         state = mine_phases.get(tick)
@@ -1252,33 +1265,11 @@ _HEALTHY_CODE = _CODES[HEALTHY]
 _DENSE_KEYS = tuple(key for key in CHECK_METRICS if key != "eval")
 
 
-@dataclass(frozen=True)
-class _Series:
-    """One check metric of one attempt: its minutes with a value, oldest first (minute indexes)."""
-
-    minutes: list[int]
-    finite: list[int]
-    sums: list[float]
-    last: list[float]
-    # Per minute, the position of the newest minute at or before it with a finite value (-1: none).
-    finite_at: list[int]
-    last_finite: list[float]
-
-
-@dataclass(frozen=True)
-class _Evals:
-    """One attempt's minutes with a finite evaluation loss, oldest first."""
-
-    minutes: list[int]
-    values: list[float]
-    at: list[int]
-
-
-def check_lookback(checks: tuple[str, ...]) -> tuple[int, int]:
-    """(minutes of dense check rows, minutes of evaluation rows) a tick with these checks reads;
-    loss_jump reads the loss windows only."""
-    dense = CHECK_MINUTES if any(c not in (LOSS_JUMP, EVAL_REGRESSED) for c in checks) else 0
-    return dense, EVAL_LOOKBACK_MINUTES if EVAL_REGRESSED in checks else 0
+def check_lookback(checks: tuple[str, ...], pending: int = 0) -> tuple[int, int]:
+    """(minutes of dense check rows, minutes of evaluation rows) a tick with these checks reads,
+    its pending period's earlier ticks included; loss_jump reads the loss windows only."""
+    dense = CHECK_MINUTES + pending if any(c not in (LOSS_JUMP, EVAL_REGRESSED) for c in checks) else 0
+    return dense, EVAL_LOOKBACK_MINUTES + pending if EVAL_REGRESSED in checks else 0
 
 
 class _CheckReplay:
@@ -1286,9 +1277,10 @@ class _CheckReplay:
 
     Only the runs with a check metric's row read check data (and choose their newest attempt
     a second time, whatever `attempts` says, as the tick's checks do); loss_jump reads every
-    run's loss windows, filtered with numpy first, so a loss-only run costs a few array
-    operations. The verdicts are `checks.run_checks`'s, each check with the override rows
-    scoped to it in force at that tick.
+    run's loss grid, filtered with numpy first, so a loss-only run costs a few array
+    operations. The verdicts are `checks.run_checks_pending`'s, each check with the override
+    rows scoped to it in force at that tick, its earlier ticks of the pending period read from
+    the same series (`MetricSeries.as_of`, `EvalSeries.as_of`, `jump_levels`) as evaluate's.
     """
 
     def __init__(
@@ -1314,8 +1306,8 @@ class _CheckReplay:
             *(r.loss_jump_limit for r in overrides if isinstance(r.loss_jump_limit, (int, float))),
         ]
         self.jump_floor = min(v for v in limits if not math.isnan(v)) if limits else math.inf
-        self.dense: dict[tuple[str, str], dict[str, dict[str, _Series]]] = {}
-        self.evals: dict[tuple[str, str], dict[str, _Evals]] = {}
+        self.dense: dict[tuple[str, str], dict[str, dict[str, MetricSeries]]] = {}
+        self.evals: dict[tuple[str, str], dict[str, EvalSeries]] = {}
         self.attempts: dict[tuple[str, str], list[str | None]] = {}
         if check_buckets is not None and check_buckets.num_rows:
             self._read(check_buckets)
@@ -1331,6 +1323,7 @@ class _CheckReplay:
         minute = minutes.minute_indexes(table)
         order = np.lexsort((minute, codes, row_run))
         run, code, minute = row_run[order], codes[order], minute[order]
+        start = minute * minutes.MICROS_PER_MINUTE
 
         def column(name: str, fill: Any, dtype: Any) -> np.ndarray:
             return minutes.filled(table, name, fill, dtype)[order]
@@ -1354,80 +1347,63 @@ class _CheckReplay:
                 column(f"{name}_last_finite", math.nan, np.float64),
             )
             for key, uid, rows in segments(last_at != minutes.NO_TIME):
-                newest = np.maximum.accumulate(np.where(has_finite[rows], np.arange(len(rows)), -1))
-                self.dense.setdefault(key, {}).setdefault(uid, {})[name] = _Series(
-                    minute[rows].tolist(),
+                self.dense.setdefault(key, {}).setdefault(uid, {})[name] = MetricSeries(
+                    start[rows].tolist(),
                     finite[rows].tolist(),
                     sums[rows].tolist(),
                     last[rows].tolist(),
-                    newest.tolist(),
-                    last_finite[rows].tolist(),
+                    [
+                        v if f else None
+                        for v, f in zip(last_finite[rows].tolist(), has_finite[rows].tolist(), strict=True)
+                    ],
                 )
         eval_at = minutes.micros(table, "eval_last_finite_at")[order]
         values = column("eval_last_finite", math.nan, np.float64)
         for key, uid, rows in segments(eval_at != minutes.NO_TIME):
-            self.evals.setdefault(key, {})[uid] = _Evals(
-                minute[rows].tolist(), values[rows].tolist(), eval_at[rows].tolist()
+            self.evals.setdefault(key, {})[uid] = EvalSeries(
+                start[rows].tolist(), values[rows].tolist(), eval_at[rows].tolist()
             )
 
-    def _data(self, key: tuple[str, str], tick: int) -> CheckData | None:
-        """What the tick's checks read for the run: its newest attempt's metrics of the check
-        window and its two newest evaluations (None when it has neither)."""
+    def _data(self, key: tuple[str, str], tick: int) -> Callable[[int], tuple[dict[str, Any], list]] | None:
+        """What the tick's checks read for the run k minutes before it (a function of k): its
+        newest attempt's metrics of each check window and its two newest evaluations (None when
+        the run has no check data at the tick)."""
         uid_list = self.attempts.get(key)
         if uid_list is None or uid_list[tick] is _NO_ATTEMPT:
             return None
         uid = uid_list[tick]
-        end = self.tick_minutes[tick]
-        metrics = {}
-        for name, series in self.dense.get(key, {}).get(uid, {}).items():
-            lo = bisect.bisect_left(series.minutes, end - CHECK_MINUTES)
-            hi = bisect.bisect_left(series.minutes, end)
-            if lo == hi:
-                continue
-            newest_finite = series.finite_at[hi - 1]
-            metrics[name] = MetricMinutes(
-                series.finite[lo:hi],
-                series.sums[lo:hi],
-                series.last[hi - 1],
-                series.last_finite[newest_finite] if newest_finite >= lo else None,
-            )
-        evals: list[tuple[float, int]] = []
-        found = self.evals.get(key, {}).get(uid)
-        if found is not None and EVAL_REGRESSED in self.checks:
-            hi = bisect.bisect_left(found.minutes, end)
-            lo = max(bisect.bisect_left(found.minutes, end - EVAL_LOOKBACK_MINUTES), hi - EVAL_MINUTES_KEPT)
-            # The newest evaluation must be recent; the one before it may be a day old.
-            fresh = (
-                hi > lo and found.at[hi - 1] >= self.tick_micros[tick] - EVAL_FRESH_MINUTES * minutes.MICROS_PER_MINUTE
-            )
-            if fresh:
-                evals = [
-                    (found.values[i], found.minutes[i] * minutes.MICROS_PER_MINUTE) for i in range(hi - 1, lo - 1, -1)
-                ]
-        if not metrics and not evals:
-            return None
-        return CheckData(metrics, evals, self.names)
+        dense = self.dense.get(key, {}).get(uid, {})
+        found = self.evals.get(key, {}).get(uid) if EVAL_REGRESSED in self.checks else None
+        end = self.tick_micros[tick]
 
-    def judge(self, history: RunHistory, seed: dict[str, np.ndarray], chosen: np.ndarray) -> None:
+        def at(k: int) -> tuple[dict[str, Any], list]:
+            moment = end - k * minutes.MICROS_PER_MINUTE
+            metrics = {name: m for name, series in dense.items() if (m := series.as_of(moment)) is not None}
+            return metrics, found.as_of(moment) if found is not None else []
+
+        metrics, evals = at(0)
+        return at if metrics or evals else None
+
+    def judge(
+        self, history: RunHistory, seed: dict[str, np.ndarray], chosen: np.ndarray, grid: Partial, ends: np.ndarray
+    ) -> None:
         """Every check of the run at every tick it was enrolled; the firing ones go to history.checks."""
         key = (history.cluster, history.run)
-        candidates: dict[int, LossWindows] = {}
+        candidates: set[int] = set()
+        hour, recent = self.t.baseline_minutes, self.t.recent_minutes
         if LOSS_JUMP in self.checks:
-            # Only beside a healthy loss row whose floors rose by more than the smallest limit.
+            # Only beside a healthy loss row whose levels may have risen by more than the smallest
+            # limit: a median minute floor lies between the window's floor and its peak.
             ticks = np.arange(len(chosen))
             pick = np.maximum(chosen, 0)
             base_floor = seed["baseline_floor"][pick, ticks]
-            recent_floor = seed["recent_floor"][pick, ticks]
+            recent_peak = seed["recent_peak"][pick, ticks]
             present = (
                 (chosen >= 0) & (seed["baseline_samples"][pick, ticks] > 0) & (seed["recent_finite"][pick, ticks] > 0)
             )
             with np.errstate(invalid="ignore"):
-                rose = present & (history.codes == _HEALTHY_CODE) & (recent_floor - base_floor > self.jump_floor)
-            for tick in np.flatnonzero(rose).tolist():
-                # The two floors are all loss_jump reads of the windows.
-                candidates[tick] = LossWindows(
-                    baseline_floor=float(base_floor[tick]), recent_floor=float(recent_floor[tick])
-                )
+                rose = present & (history.codes == _HEALTHY_CODE) & (recent_peak - base_floor > self.jump_floor)
+            candidates = set(np.flatnonzero(rose).tolist())
         data_ticks = []
         if key in self.attempts:
             data_ticks = [tick for tick in np.flatnonzero(history.codes >= 0).tolist()]
@@ -1438,21 +1414,29 @@ class _CheckReplay:
         # Without a row scoped to one check, every check's row takes the run's own overrides:
         # one policy, one call per tick.
         shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)
-        empty = LossWindows()
-        nothing = CheckData({}, [], self.names)
-        for tick in sorted(set(candidates) | set(data_ticks)):
+        for tick in sorted(candidates | set(data_ticks)):
             data = self._data(key, tick) if data_ticks else None
-            windows = candidates.get(tick)
-            if data is None and windows is None:
+            jumping = tick in candidates
+            if data is None and not jumping:
                 continue
+            group, end = int(chosen[tick]), int(ends[tick])
+
+            def data_at(k: int, data: Any = data, jumping: bool = jumping, group: int = group, end: int = end) -> Any:
+                metrics, evals = data(k) if data is not None else ({}, [])
+                jump = None
+                if jumping:
+                    stop = end - k
+                    jump = jump_levels(grid.floor[group, stop - hour : stop], grid.n[group, stop - hour : stop], recent)
+                return CheckData(metrics, evals, self.names, jump)
+
             reason = REASONS[int(history.codes[tick])]
-            judged = [c for c in self.checks if (windows is not None if c == LOSS_JUMP else data is not None)]
+            judged = [c for c in self.checks if (jumping if c == LOSS_JUMP else data is not None)]
             groups = [(LOSS_SCOPE, tuple(judged))] if shared else [(c, (c,)) for c in judged]
             for scope, listed in groups:
                 if scope not in scoped:
                     scoped[scope] = _policies(self.overrides, key, self.ticks, self.t, scope)
                 policy = scoped[scope](tick)
-                for fired in run_checks(data or nothing, windows or empty, reason, policy.thresholds, listed):
+                for fired in run_checks_pending(data_at, reason, policy.thresholds, listed):
                     found.setdefault(tick, []).append((fired, policy))
         history.checks = found
 

@@ -8,8 +8,12 @@ and a model-specific check without its threshold never fires.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from lossspike.rule import HEALTHY, NOTIFY, PAGE, LossWindows, Thresholds
 
@@ -47,6 +51,7 @@ EVAL_FRESH_MINUTES = 30
 EVAL_LOOKBACK_MINUTES = 24 * 60
 # Throughput and MFU need this many samples in the window before a median means anything.
 MIN_RATE_SAMPLES = 10
+MICROS_PER_MINUTE = 60_000_000
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class CheckData:
     evals: list[tuple[float, int]]
     # The metric names, by key, for the rows' `metric` column.
     names: dict[str, str]
+    # loss_jump's two levels of the judged loss (`jump_levels`): (recent, baseline); None without both.
+    jump: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -160,9 +167,10 @@ def run_checks(
 
 def _loss_jump(windows: LossWindows, loss_reason: str, limit: float, data: CheckData) -> Fired | None:
     # Only beside a healthy loss row: any other verdict already says more about the loss.
-    if loss_reason != HEALTHY or windows.recent_floor is None or windows.baseline_floor is None:
+    if loss_reason != HEALTHY or data.jump is None:
         return None
-    rise = windows.recent_floor - windows.baseline_floor
+    recent, baseline = data.jump
+    rise = recent - baseline
     if rise > limit:
         return Fired(LOSS_JUMP, PAGE, data.names.get("loss", ""), rise, limit)
     return None
@@ -218,3 +226,98 @@ def enabled_checks(listed: tuple[str, ...] | None, thresholds: Thresholds) -> tu
     on = set(DEFAULT_CHECKS)
     on |= {r for r, (_, field) in CHECKS.items() if field and getattr(thresholds, field) is not None}
     return tuple(r for r in CHECK_REASONS if r in on)
+
+
+def jump_levels(floors: np.ndarray, finite: np.ndarray, recent_minutes: int) -> tuple[float, float] | None:
+    """loss_jump's levels of one hour of the judged loss, per minute oldest first (`floors`: each
+    minute's lowest finite loss, `finite`: how many it had): (recent, baseline), each the median
+    of the floors of the window's minutes with a finite loss; None when a window has none.
+
+    A median of minute floors, not the window's lowest value: one easy micro-batch sets one
+    minute's floor and moves the median by one rank at most, while a level that jumped by a
+    nat moves every minute's floor, and so both medians alike.
+    """
+    split = len(floors) - recent_minutes
+    base = floors[:split][finite[:split] > 0]
+    recent = floors[split:][finite[split:] > 0]
+    if not len(base) or not len(recent):
+        return None
+    return float(np.median(recent)), float(np.median(base))
+
+
+@dataclass(frozen=True)
+class MetricSeries:
+    """One check metric of one attempt minute by minute, oldest first: what the check window of
+    any tick reads. `minutes` are each minute's start in epoch microseconds; `last` and
+    `last_finite` the minute's newest value and newest finite value (None: none)."""
+
+    minutes: list[int]
+    finite: list[int]
+    sums: list[float]
+    last: list[float | None]
+    last_finite: list[float | None]
+
+    def as_of(self, end: int) -> MetricMinutes | None:
+        """The metric as a tick ending at `end` (microseconds) reads it: the minutes of
+        [end - CHECK_MINUTES, end); None when none has data (freshness: older values say nothing)."""
+        lo = bisect.bisect_left(self.minutes, end - CHECK_MINUTES * MICROS_PER_MINUTE)
+        hi = bisect.bisect_left(self.minutes, end)
+        if lo == hi:
+            return None
+        newest_finite = next(
+            (self.last_finite[i] for i in range(hi - 1, lo - 1, -1) if self.last_finite[i] is not None), None
+        )
+        return MetricMinutes(self.finite[lo:hi], self.sums[lo:hi], self.last[hi - 1], newest_finite)
+
+
+@dataclass(frozen=True)
+class EvalSeries:
+    """One attempt's minutes with a finite evaluation loss, oldest first: each minute's start and
+    newest finite value's time in epoch microseconds, and that value."""
+
+    minutes: list[int]
+    values: list[float]
+    at: list[int]
+
+    def as_of(self, end: int) -> list[tuple[float, int]]:
+        """The tick at `end`'s two newest evaluations (value, minute), newest first, within the
+        lookback; none unless the newest is fresh (the one before it may be a day old)."""
+        hi = bisect.bisect_left(self.minutes, end)
+        lo = max(bisect.bisect_left(self.minutes, end - EVAL_LOOKBACK_MINUTES * MICROS_PER_MINUTE), hi - 2)
+        if hi <= lo or self.at[hi - 1] < end - EVAL_FRESH_MINUTES * MICROS_PER_MINUTE:
+            return []
+        return [(self.values[i], self.minutes[i]) for i in range(hi - 1, lo - 1, -1)]
+
+
+def run_checks_pending(
+    data_at: Callable[[int], CheckData | None],
+    loss_reason: str,
+    thresholds: Thresholds,
+    enabled: tuple[str, ...],
+) -> list[Fired]:
+    """The checks that fire at a tick with the pending period in force (SPEC.md "Pending period").
+
+    `data_at(k)` is what the checks read at the tick k minutes before this one, as that tick
+    read it (None: nothing). A check fires when it fires at this tick (its row says what it saw
+    now) and its condition held at every tick k = 1..check_pending_minutes too: judged with
+    this tick's thresholds, and loss_jump's condition without its healthy-loss-row gate, which
+    concerns the row written now only. Earlier ticks are read only for a check firing now.
+    """
+    now = data_at(0)
+    if now is None:
+        return []
+    fired = run_checks(now, LossWindows(), loss_reason, thresholds, enabled)
+    if not fired or not thresholds.check_pending_minutes:
+        return fired
+    earlier: dict[int, CheckData | None] = {}
+
+    def held(reason: str) -> bool:
+        for k in range(1, thresholds.check_pending_minutes + 1):
+            if k not in earlier:
+                earlier[k] = data_at(k)
+            data = earlier[k]
+            if data is None or not run_checks(data, LossWindows(), HEALTHY, thresholds, (reason,)):
+                return False
+        return True
+
+    return [f for f in fired if held(f.reason)]

@@ -356,6 +356,8 @@ VIEW_READ_PARTS = (
         ("history", "hour"),
         (*_KEYS, "metric", "loss_base", "loss_finite", "loss_sum", "loss_peak"),
     ),
+    # loss_jump's earlier ticks of the checks' pending period: the loss's minutes just before the hour.
+    ("pending", ("loss",), ("loss_before_start", "hour"), (*_KEYS, "metric", "loss_finite", "loss_floor")),
 )
 
 

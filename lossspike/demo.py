@@ -51,8 +51,13 @@ DEMO_RUNS = (
     ("hero-falcon-7b", "europe-west4", "creep", "slow_divergence: creeping up 0.5 nats/h for an hour"),
     ("hero-dbrx", "us-east5", "spike_train", "instability: a one-step spike every 6 min, each one skip-step's"),
     ("hero-arctic", "us-central2", "slow_shift", "level_shift: 105 s a step, under 5 recent losses; window widened"),
-    ("hero-grok-1", "europe-west4", "grad_norm", "grad_norm_high (check row): gradient norm 3.5, the loss fine"),
-    ("hero-jamba", "us-east5", "skipped", "steps_skipped (check row): the optimizer skipped 3 steps in 4 minutes"),
+    (
+        "hero-grok-1",
+        "europe-west4",
+        "grad_norm",
+        "grad_norm_high (check row): gradient norm 3.5 for 8 minutes, the loss fine",
+    ),
+    ("hero-jamba", "us-east5", "skipped", "steps_skipped (check row): the optimizer skipped 3 steps 6-12 minutes ago"),
     (THROUGHPUT_RUN, "us-central2", "slow_tokens", "throughput_low (notify row): tokens/s under its override floor"),
     ("ablation-lr-sweep", "us-central2", "shift", "not watched: run ID does not match hero-%"),
 )
@@ -177,14 +182,13 @@ def publish_demo(path: Path, now: datetime, table: str = "telemetry") -> int:
 
 def _samples(kind: str, age: timedelta, rng: random.Random) -> list[tuple[str, float]]:
     """One step's metrics: the loss, and the health metrics a Levanter run logs beside it."""
-    recent = age <= timedelta(minutes=4)
+    # Longer than the checks' pending period (five minutes): held at every tick of it, a page.
+    recent = age <= timedelta(minutes=8)
     grad_norm = 3.5 if kind == "grad_norm" and recent else abs(rng.gauss(1.0, 0.1))
-    # Skipped steps a minute apart over the last four minutes: three, Marin's limit.
-    skipped = (
-        1.0
-        if kind == "skipped" and int(age.total_seconds()) % 60 < STEP.total_seconds() and age.total_seconds() < 240
-        else 0.0
-    )
+    # Skipped steps 6, 9 and 12 minutes ago: three, Marin's limit, in every tick's 15 minutes
+    # of the pending period.
+    seconds = age.total_seconds()
+    skipped = 1.0 if kind == "skipped" and seconds % 180 < STEP.total_seconds() and 360 <= seconds < 780 else 0.0
     tokens = (600_000.0 if kind == "slow_tokens" and age <= timedelta(minutes=20) else 1_000_000.0) + rng.gauss(
         0, 5_000
     )

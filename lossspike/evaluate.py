@@ -8,8 +8,8 @@ rule (lossspike.rule), the detectors and the checks judge them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -18,12 +18,13 @@ from lossspike import minutes
 from lossspike.checks import (
     CHECK_MINUTES,
     CHECKS,
-    EVAL_FRESH_MINUTES,
     EVAL_LOOKBACK_MINUTES,
     EVAL_REGRESSED,
+    LOSS_JUMP,
     CheckData,
     enabled_checks,
-    run_checks,
+    jump_levels,
+    run_checks_pending,
 )
 from lossspike.deadline import Deadline
 from lossspike.detectors import LIMITS, detect, recent_width
@@ -65,14 +66,19 @@ def tick_windows(settings: Settings, now: datetime) -> TickWindows:
     t = settings.thresholds
     checks = enabled_checks(settings.checks, t)
     dense = [c for c in checks if c != EVAL_REGRESSED]
+    # The pending period's earlier ticks read as far back again as the period: an override row
+    # may shorten it for a run, never lengthen it (overrides.row_problem), so this covers all.
+    pending = t.check_pending_minutes if checks else 0
     return TickWindows(
         now=now,
         hour=t.baseline_minutes,
-        checks=CHECK_MINUTES if dense else 0,
-        eval=EVAL_LOOKBACK_MINUTES if EVAL_REGRESSED in checks else 0,
+        checks=CHECK_MINUTES + pending if dense else 0,
+        eval=EVAL_LOOKBACK_MINUTES + pending if EVAL_REGRESSED in checks else 0,
         # Instability judges a spike train against the run's own blocks of the same horizon.
         # resume_jump reads them to tell a new attempt and the previous one's levels.
         history=t.divergence_minutes if {SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP} & set(settings.detectors) else 0,
+        pending=pending,
+        loss_before=pending if LOSS_JUMP in checks else 0,
     )
 
 
@@ -106,7 +112,7 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     """The alert rows of a tick's read: every run judged with the overrides in force for it."""
     t = settings.thresholds
     windows = tick_windows(settings, now)
-    runs = minutes.tick_runs(read.buckets, now, windows.hour, windows.history, settings.attempts, EVAL_FRESH_MINUTES)
+    runs = minutes.tick_runs(read.buckets, now, windows.hour, windows.history, settings.attempts, windows.loss_before)
     if not runs.keys:
         return [fleet_row(now)]
     checks = checks_in_force(settings.checks, t, read.overrides)
@@ -131,12 +137,36 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
         rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy))
         if not checks:
             continue
-        data = CheckData(runs.checks[i], runs.evals[i], names)
+        data_at = _checks_as_of(runs, i, now, windows.loss_before, names, t.recent_minutes)
         for check in checks:
             scoped = finished_policy(phases[i], by_check[check].get(key, plain))
-            for fired in run_checks(data, windows_i, reason, scoped.thresholds, (check,)):
+            for fired in run_checks_pending(data_at, reason, scoped.thresholds, (check,)):
                 rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
     return rows
+
+
+def _checks_as_of(
+    runs: TickRuns, i: int, now: datetime, loss_before: int, names: dict[str, str], recent_minutes: int
+) -> Callable[[int], CheckData | None]:
+    """What run i's checks read at the tick k minutes before `now`, as that tick read it: each
+    metric's window and freshness, the evaluations and loss_jump's levels as of then (SPEC.md
+    "Pending period"), of the attempt judged now."""
+    end = int((now - minutes.instant(0)) // timedelta(microseconds=1))
+    hour = runs.floors.shape[1] - loss_before
+
+    def at(k: int) -> CheckData | None:
+        tick = end - k * minutes.MICROS_PER_MINUTE
+        metrics = {key: m for key, series in runs.checks[i].items() if (m := series.as_of(tick)) is not None}
+        evals = runs.evals[i].as_of(tick) if runs.evals[i] is not None else []
+        jump = None
+        if k <= loss_before:
+            stop = runs.floors.shape[1] - k
+            jump = jump_levels(
+                runs.floors[i, stop - hour : stop], runs.floor_counts[i, stop - hour : stop], recent_minutes
+            )
+        return CheckData(metrics, evals, names, jump)
+
+    return at
 
 
 def checks_in_force(

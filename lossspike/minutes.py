@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from lossspike.checks import MetricMinutes
+from lossspike.checks import EvalSeries, MetricSeries
 from lossspike.phase import PhaseState
-from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES, PHASE_COLUMNS
+from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES, PENDING_PART, PHASE_COLUMNS
 
 # resume_jump's previous attempt is the newest other one that held a level: this many minutes
 # with a finite loss in the hour. A job that died in its first minutes (Pythia 410M's third
@@ -273,9 +273,14 @@ class TickRuns(NamedTuple):
     # Slow divergence's older ten-minute blocks: finite counts and sums, (runs, blocks), oldest first.
     history_n: np.ndarray
     history_sum: np.ndarray
-    # The newest attempt's check metrics by key and evaluation minutes, per run (lossspike.checks reads them).
-    checks: list[dict[str, MetricMinutes]]
-    evals: list[list[tuple[float, int]]]
+    # The newest attempt's check metrics by key and evaluation minutes, per run, over the checks'
+    # windows widened by the pending period (each tick of it reads its own with `as_of`).
+    checks: list[dict[str, MetricSeries]]
+    evals: list[EvalSeries | None]
+    # loss_jump's per-minute floors of the judged loss and their finite counts, (runs, minutes):
+    # the `loss_before` minutes before the hour, then the hour's (inf and 0 without a finite loss).
+    floors: np.ndarray
+    floor_counts: np.ndarray
     # The newest attempt's phase in the hour, per run (lossspike.phase judges it; None without).
     phases: list[PhaseState | None] | None = None
     # Instability's test of the run's own excursions: the history blocks' peaks, (runs, blocks).
@@ -317,7 +322,7 @@ def tick_runs(
     hour: int,
     history: int,
     attempts: str,
-    eval_fresh: int,
+    loss_before: int = 0,
     block_minutes: int = HISTORY_BLOCK_MINUTES,
 ) -> TickRuns:
     """Assemble a tick's read (sql.tick_read_query) into per-run arrays.
@@ -325,7 +330,7 @@ def tick_runs(
     Runs are those with a sample in the hour, in code-point order. A run's loss windows
     read its newest attempt (the attempt of its newest loss or phase row, attempt_key and
     newest_attempt) or with `attempts='all'` every attempt; the checks and the phase always
-    read the newest.
+    read the newest. `loss_before`: the minutes of loss floors read before the hour.
     """
     now_us = int((now - _EPOCH) // timedelta(microseconds=1))
     encoded = table.column("part").combine_chunks().dictionary_encode()
@@ -408,21 +413,30 @@ def tick_runs(
 
     rows, owner = rows_of("checks", True, ["minute", *(c for c in table.column_names if c.startswith(_DENSE_PREFIXES))])
     checks = _check_metrics(rows, owner, size)
-    evals: list[list[tuple[float, int]]] = [[] for _ in range(size)]
+    evals: list[EvalSeries | None] = [None for _ in range(size)]
     rows, owner = rows_of("eval", True, ["minute", "eval_last_finite", "eval_last_finite_at"])
     if rows.num_rows:
         values = rows.column("eval_last_finite").to_pylist()
         at = micros(rows, "eval_last_finite_at")
         minute = micros(rows, "minute")
-        found: list[list[tuple[float, int, int]]] = [[] for _ in range(size)]
+        found: list[list[tuple[int, float, int]]] = [[] for _ in range(size)]
         for i, who in enumerate(owner.tolist()):
-            found[who].append((float(values[i]), int(minute[i]), int(at[i])))
-        fresh_from = now_us - eval_fresh * MICROS_PER_MINUTE
+            found[who].append((int(minute[i]), float(values[i]), int(at[i])))
         for i, mine in enumerate(found):
-            mine.sort(key=lambda e: e[1], reverse=True)
-            kept = [(value, minute) for value, minute, _ in mine[:2]]
-            # The newest evaluation must be recent; the one before it may be a day old.
-            evals[i] = kept if mine and mine[0][2] >= fresh_from else []
+            if mine:
+                mine.sort()
+                evals[i] = EvalSeries([m for m, _, _ in mine], [v for _, v, _ in mine], [a for _, _, a in mine])
+    floors = np.full((size, loss_before + hour), np.inf)
+    floor_counts = np.zeros((size, loss_before + hour), dtype=np.int64)
+    floors[:, loss_before:] = grid.floor
+    floor_counts[:, loss_before:] = grid.n
+    if loss_before:
+        rows, owner = rows_of(PENDING_PART, attempts != "all", ["minute", "loss_finite", "loss_floor"])
+        slot = loss_before - (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
+        keep = (slot >= 0) & (slot < loss_before)
+        # One run may have a row per spelling of an unknown cluster: their minutes merge.
+        np.minimum.at(floors, (owner[keep], slot[keep]), filled(rows, "loss_floor", np.inf, np.float64)[keep])
+        np.add.at(floor_counts, (owner[keep], slot[keep]), filled(rows, "loss_finite", 0, np.int64)[keep])
     return TickRuns(
         keys,
         [(jobs[r] or "") if j >= 0 else "" for r, j in enumerate(job_row.tolist())],
@@ -434,6 +448,8 @@ def tick_runs(
         history_sum,
         checks,
         evals,
+        floors,
+        floor_counts,
         phases,
         history_peak,
         Previous(previous_grid, previous_n, previous_sum, history_n),
@@ -468,36 +484,34 @@ def phase_states(
     return out
 
 
-def _check_metrics(rows: pa.Table, owner: np.ndarray, size: int) -> list[dict[str, MetricMinutes]]:
-    """Per run, its check metrics from the check minutes `rows` (`owner`: each row's run):
-    a metric's minutes with data oldest first, its newest value and newest finite value."""
-    out: list[dict[str, MetricMinutes]] = [{} for _ in range(size)]
+def _check_metrics(rows: pa.Table, owner: np.ndarray, size: int) -> list[dict[str, MetricSeries]]:
+    """Per run, its check metrics from the check minutes `rows` (`owner`: each row's run): each
+    metric's minutes with data, oldest first, with their newest and newest finite values."""
+    out: list[dict[str, MetricSeries]] = [{} for _ in range(size)]
     if not rows.num_rows:
         return out
     order = np.lexsort((micros(rows, "minute"), owner))
     rows, owner = rows.take(pa.array(order)), owner[order]
+    minute = micros(rows, "minute")
     for key in DENSE_CHECK_METRICS:
         last_at = micros(rows, f"{key}_last_at")
         mine = np.flatnonzero(last_at != NO_TIME)
         if not len(mine):
             continue
         who = owner[mine]
-        newest_row = mine[newest(who, last_at[mine], size)]
-        finite_at = micros(rows, f"{key}_last_finite_at")[mine]
-        newest_finite = newest(who, finite_at, size)
-        newest_finite = np.where(newest_finite >= 0, mine[np.maximum(newest_finite, 0)], -1)
+        has_finite = (micros(rows, f"{key}_last_finite_at") != NO_TIME)[mine].tolist()
+        at = minute[mine].tolist()
         finite = filled(rows, f"{key}_finite", 0, np.int64)[mine].tolist()
         sums = filled(rows, f"{key}_sum", 0.0, np.float64)[mine].tolist()
-        last = rows.column(f"{key}_last")
-        last_finite = rows.column(f"{key}_last_finite")
+        last = rows.column(f"{key}_last").take(pa.array(mine)).to_pylist()
+        last_finite = rows.column(f"{key}_last_finite").take(pa.array(mine)).to_pylist()
         starts = np.r_[0, np.flatnonzero(np.diff(who)) + 1, len(who)].tolist()
         for start, stop in zip(starts[:-1], starts[1:], strict=True):
-            run = int(who[start])
-            finite_row = int(newest_finite[run])
-            out[run][key] = MetricMinutes(
-                finite=finite[start:stop],
-                sums=sums[start:stop],
-                last=last[int(newest_row[run])].as_py(),
-                last_finite=None if finite_row < 0 else last_finite[finite_row].as_py(),
+            out[int(who[start])][key] = MetricSeries(
+                at[start:stop],
+                finite[start:stop],
+                sums[start:stop],
+                last[start:stop],
+                [v if f else None for v, f in zip(last_finite[start:stop], has_finite[start:stop], strict=True)],
             )
     return out

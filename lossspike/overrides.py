@@ -63,6 +63,7 @@ THRESHOLD_COLUMNS = (
     "loss_jump_limit",
     "grad_norm_limit",
     "skipped_steps_limit",
+    "check_pending_minutes",
     "throughput_floor",
     "mfu_floor",
     "token_drop_limit",
@@ -171,6 +172,7 @@ class OverrideRow:
     loss_jump_limit: float | None = None
     grad_norm_limit: float | None = None
     skipped_steps_limit: float | None = None
+    check_pending_minutes: int | None = None
     throughput_floor: float | None = None
     mfu_floor: float | None = None
     token_drop_limit: float | None = None
@@ -420,6 +422,13 @@ def row_problem(row: OverrideRow, base: Thresholds) -> str | None:
         found = threshold_problems(SimpleNamespace(**{**merged, column: value}))
         if found:
             refused.append(f"{column}={value!r} is refused by the settings ({found[0]})")
+    pending = row.check_pending_minutes
+    if isinstance(pending, int) and not refused and pending > base.check_pending_minutes:
+        # The tick reads the settings' period back, no more: a longer one could not be judged.
+        refused.append(
+            f"check_pending_minutes={pending} is longer than the settings' {base.check_pending_minutes}"
+            " (a tick reads that many minutes back)"
+        )
     return "; ".join(refused) or None
 
 

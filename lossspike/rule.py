@@ -54,6 +54,9 @@ MAX_HORIZON_MINUTES = 24 * 60
 # The detectors judge a level against at least this many minutes of baseline with data,
 # so a restarted attempt's first minutes never page.
 MIN_DETECTOR_BASELINE_MINUTES = 20
+# A check pending longer than the baseline hour pages a trend the loss rules saw long before:
+# no page is worth that delay, and the tick's extra reads stay bounded by it.
+MAX_PENDING_MINUTES = 60
 
 # Levanter's TrainingPhase values, as its `phase` metric publishes them
 # (levanter-telemetry-facts.md section 3: telemetry.py's TrainingPhase).
@@ -126,6 +129,9 @@ class Thresholds:
     grad_norm_limit: float = 2.0
     # Marin: three skipped steps in 15 minutes is the optimizer rejecting a trend, not a blip.
     skipped_steps_limit: float = 3.0
+    # Marin's rules "stay pending for five": a check fires only when its condition held at every
+    # whole-minute tick of this many minutes back (0 fires at once), so one bad step is no page.
+    check_pending_minutes: int = 5
     # Model-specific: no default, the check is off until set.
     throughput_floor: float | None = None
     mfu_floor: float | None = None
@@ -211,6 +217,7 @@ THRESHOLD_RANGES: dict[str, Range] = {
     "min_recent_samples": _COUNT,
     "stall_minutes": Range(integer=True, low=0),
     "initializing_minutes": Range(integer=True, low=0),
+    "check_pending_minutes": Range(integer=True, low=0, high=MAX_PENDING_MINUTES),
     "shift_min_rise": _NON_NEGATIVE,
     "shift_sigma": _NON_NEGATIVE,
     "divergence_min_rise": Range(

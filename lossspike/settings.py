@@ -314,6 +314,11 @@ OPTIONS = (
         "steps_skipped: skipped steps in 15 minutes that fire.",
     ),
     Option(
+        "check_pending_minutes",
+        _threshold("check_pending_minutes"),
+        "Checks fire only when their condition held at every minute tick this far back (0: at once).",
+    ),
+    Option(
         "throughput_floor", _threshold("throughput_floor"), "throughput_low: tokens per second below this (unset: off)."
     ),
     Option("mfu_floor", _threshold("mfu_floor"), "mfu_low: MFU in percent below this (unset: off)."),

@@ -908,6 +908,8 @@ GROUP BY run_cluster, run_id, execution_uid, bucket_minute"""
 
 # The parts of a tick's read, each a UNION ALL branch over the minute buckets.
 HOUR_PART, CHECKS_PART, EVAL_PART, HISTORY_PART = "hour", "checks", "eval", "history"
+# loss_jump's earlier ticks of the pending period: the loss's minute floors just before the hour.
+PENDING_PART = "pending"
 # The tick's read result: the part, the bucket's columns it fills (typed NULL elsewhere).
 TICK_READ_TYPES = {"part": "STRING", **MINUTE_TYPES}
 # The history part's blocks: ten minutes hold enough samples of a slow run for a mean,
@@ -930,6 +932,16 @@ class TickWindows:
     eval: int
     # [now - history, now - hour): slow divergence's and instability's older blocks (history <= hour: none).
     history: int
+    # The checks' pending period: each part a check reads reaches this many minutes further back
+    # (the caller widens `checks` and `eval`; the evaluation part keeps as many more minutes).
+    pending: int = 0
+    # [now - hour - loss_before, now - hour): the loss's minute floors for loss_jump's earlier ticks.
+    loss_before: int = 0
+
+    @property
+    def loss_before_start(self) -> int:
+        """Minutes before `now` where the pending part starts (0 without one)."""
+        return self.hour + self.loss_before if self.loss_before else 0
 
 
 def tick_read_query(
@@ -1044,7 +1056,17 @@ def _view_parts(
         chosen = {**keys, "eval_last_finite": "eval_last_finite", "eval_last_finite_at": "eval_last_finite_at"}
         parts.append(
             f"SELECT\n    {_part(d, EVAL_PART, chosen)}\n  FROM (\n  {ranked_sql}\n  ) AS eval_ranked"
-            f"\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT}"
+            f"\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT + windows.pending}"
+        )
+    if windows.loss_before:
+        params["loss_before_start"] = now - timedelta(minutes=windows.hour + windows.loss_before)
+        parts.append(
+            branch(
+                PENDING_PART,
+                f"metric = '{LOSS_ROLE}' AND minute >= {p('loss_before_start')} AND minute < {p('hour_start')}",
+                "run_cluster, run_id, execution_uid, minute",
+                {**keys, "loss_finite": loss("loss_finite"), "loss_floor": loss("loss_floor")},
+            )
         )
     if windows.history > windows.hour:
         params["history_start"] = now - timedelta(minutes=windows.history)
@@ -1125,6 +1147,43 @@ def _history_blocks(
     return (
         f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM (\n  {rows}\n  ) AS history"
         "\n  GROUP BY cluster, run_id, execution_uid, block"
+    )
+
+
+def _pending_floors(
+    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], judged: Callable[[str], str]
+) -> str:
+    """The pending part from raw telemetry: the loss's rows of the minutes just before the hour
+    reduced to each minute's finite count and floor, all loss_jump's earlier ticks read of them."""
+    d = dialect
+    p = d.param.format
+    back = d.minutes_back.format("timestamp", p("now"))
+    finite = d.finite.format("value")
+    rows = _raw_rows(
+        d,
+        table,
+        selection,
+        params,
+        [
+            "cluster",
+            "run_id",
+            "execution_uid",
+            f"{back} AS bucket_minute",
+            f"{d.if_.format(finite, 'value')} AS loss_value",
+        ],
+        f"timestamp >= {p('loss_before_start')}\n    AND timestamp < {p('hour_start')}\n    AND name = {p('metric')}",
+    )
+    chosen = {
+        "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
+        "run_id": "run_id",
+        "execution_uid": "execution_uid",
+        "minute": d.minutes_earlier.format("bucket_minute", p("now")),
+        "loss_finite": f"COUNT({judged('loss_value')})",
+        "loss_floor": f"MIN({judged('loss_value')})",
+    }
+    return (
+        f"SELECT\n    {_part(d, PENDING_PART, chosen)}\n  FROM (\n  {rows}\n  ) AS pending"
+        "\n  GROUP BY cluster, run_id, execution_uid, bucket_minute"
     )
 
 
@@ -1211,8 +1270,11 @@ def _raw_read(
             f"SELECT\n    {_part(d, EVAL_PART, chosen)}\n  FROM (\n"
             f"  SELECT *, {ranked} AS eval_rank FROM check_minutes\n"
             f"  WHERE name = {p('eval_metric')} AND last_finite_at IS NOT NULL\n"
-            f"  ) AS eval_ranked\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT}"
+            f"  ) AS eval_ranked\n  WHERE eval_rank <= {EVAL_MINUTES_KEPT + windows.pending}"
         )
+    if windows.loss_before:
+        params["loss_before_start"] = now - timedelta(minutes=windows.hour + windows.loss_before)
+        parts.append(_pending_floors(d, telemetry_table, selection, params, judged))
     if history:
         params["history_start"] = now - timedelta(minutes=windows.history)
         params["hour_minutes"] = windows.hour

@@ -63,6 +63,49 @@ class Mutant:
 
 
 MUTANTS = [
+    # --- the checks' pending period and loss_jump's levels (issue 24) ---
+    Mutant(
+        "pending: one tick fewer than the period",
+        "lossspike/checks.py",
+        "for k in range(1, thresholds.check_pending_minutes + 1):",
+        "for k in range(1, thresholds.check_pending_minutes):",
+        [f"{CHECKS}::test_a_check_fires_when_its_condition_held_at_every_tick_of_the_period_and_not_one_fewer"],
+    ),
+    Mutant(
+        "pending: every earlier tick reads now's window (evaluate)",
+        "lossspike/evaluate.py",
+        "        tick = end - k * minutes.MICROS_PER_MINUTE",
+        "        tick = end",
+        [f"{CHECKS}::test_a_value_gone_stale_at_an_earlier_tick_breaks_the_period", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "pending: every earlier tick reads the tick's window (backtest)",
+        "lossspike/backtest.py",
+        "            moment = end - k * minutes.MICROS_PER_MINUTE",
+        "            moment = end",
+        [BACKTEST_CHECKS],
+    ),
+    Mutant(
+        "pending: loss_jump's earlier ticks read now's hour",
+        "lossspike/evaluate.py",
+        "            stop = runs.floors.shape[1] - k",
+        "            stop = runs.floors.shape[1]",
+        [f"{CHECKS}::test_a_sustained_one_nat_jump_pages_loss_jump_once_it_held_the_period", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "pending: an override row longer than the settings' is accepted",
+        "lossspike/overrides.py",
+        "pending > base.check_pending_minutes:",
+        "pending > base.check_pending_minutes + 1:",
+        [f"{CHECKS}::test_an_override_row_sets_one_runs_period_and_a_longer_one_is_refused"],
+    ),
+    Mutant(
+        "loss_jump: the baseline level is its lowest minute floor",
+        "lossspike/checks.py",
+        "return float(np.median(recent)), float(np.median(base))",
+        "return float(np.median(recent)), float(np.min(base))",
+        [f"{CHECKS}::test_loss_jump_is_not_set_off_by_one_easy_batch_in_the_baseline", *CHECK_PROPERTIES],
+    ),
     # --- the issue's bugs ---
     Mutant(
         "rule: >= for > (equality pages)",
@@ -126,7 +169,7 @@ MUTANTS = [
         "NULL values enroll runs",
         "lossspike/sql.py",
         'kept += ["value IS NOT NULL", "run_id <> \'\'", runs]',
-        'kept += ["run_id <> \'\'", runs]',
+        "kept += [\"run_id <> ''\", runs]",
         PROPERTIES,
     ),
     Mutant(
@@ -327,10 +370,10 @@ MUTANTS = [
     ),
     Mutant(
         "backtest checks: a stale evaluation is fresh",
-        "lossspike/backtest.py",
-        "found.at[hi - 1] >= self.tick_micros[tick] - EVAL_FRESH_MINUTES",
-        "found.at[hi - 1] >= self.tick_micros[tick] - 2 * EVAL_FRESH_MINUTES",
-        [BACKTEST_CHECKS],
+        "lossspike/checks.py",
+        "self.at[hi - 1] < end - EVAL_FRESH_MINUTES * MICROS_PER_MINUTE",
+        "self.at[hi - 1] < end - 2 * EVAL_FRESH_MINUTES * MICROS_PER_MINUTE",
+        [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", BACKTEST_CHECKS],
     ),
     Mutant(
         "backtest checks: a page check does not page",
@@ -627,9 +670,9 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: a check metric's newest value is its oldest minute's",
-        "lossspike/minutes.py",
-        "        newest_row = mine[newest(who, last_at[mine], size)]",
-        "        newest_row = mine[newest(who, -last_at[mine], size)]",
+        "lossspike/checks.py",
+        "return MetricMinutes(self.finite[lo:hi], self.sums[lo:hi], self.last[hi - 1], newest_finite)",
+        "return MetricMinutes(self.finite[lo:hi], self.sums[lo:hi], self.last[lo], newest_finite)",
         [f"{CHECKS}::test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not", *CHECK_PROPERTIES],
     ),
     Mutant(
@@ -648,9 +691,9 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: eval_regressed on a stale evaluation",
-        "lossspike/minutes.py",
-        "            evals[i] = kept if mine and mine[0][2] >= fresh_from else []",
-        "            evals[i] = kept",
+        "lossspike/checks.py",
+        "if hi <= lo or self.at[hi - 1] < end - EVAL_FRESH_MINUTES * MICROS_PER_MINUTE:",
+        "if hi <= lo:",
         [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", *CHECK_PROPERTIES],
     ),
     Mutant(
@@ -684,8 +727,8 @@ MUTANTS = [
     Mutant(
         "beyond seed: loss_jump fires beside any loss reason",
         "lossspike/checks.py",
-        "    if loss_reason != HEALTHY or windows.recent_floor is None",
-        "    if windows.recent_floor is None",
+        "    if loss_reason != HEALTHY or data.jump is None:",
+        "    if data.jump is None:",
         [f"{CHECKS}::test_loss_jump_fires_beside_a_healthy_loss_row_only", *CHECK_PROPERTIES],
     ),
     Mutant(

@@ -128,6 +128,7 @@ locals {
   # Empty checks means the default set, so the variable is left out, like an unset limit.
   check_env = merge(
     var.checks != "" ? { LOSSSPIKE_CHECKS = var.checks } : {},
+    { LOSSSPIKE_CHECK_PENDING_MINUTES = tostring(var.check_pending_minutes) },
     { for name, limit in local.optional_limits : name => tostring(limit) if limit != null },
     { for key, name in local.check_metrics : "LOSSSPIKE_${upper(key)}_METRIC" => name },
   )

@@ -139,9 +139,11 @@ resource "google_monitoring_alert_policy" "loss_spike" {
     display_name = "A run has a paging verdict (one incident per run, whatever the reasons)"
 
     condition_threshold {
-      filter                  = "metric.type = \"${local.metric_types.page}\" AND resource.type = \"global\""
-      comparison              = "COMPARISON_GT"
-      threshold_value         = 0.5
+      filter          = "metric.type = \"${local.metric_types.page}\" AND resource.type = \"global\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0.5
+      # No second pending period: the evaluator already pends the checks (check_pending_minutes)
+      # and writes 1 only for a verdict that pages now; 0s fires on the first point above 0.5.
       duration                = "0s"
       evaluation_missing_data = "EVALUATION_MISSING_DATA_INACTIVE"
 
@@ -215,9 +217,11 @@ resource "google_monitoring_alert_policy" "notice" {
     display_name = "A run-health notice (one incident per run and reason)"
 
     condition_threshold {
-      filter                  = "metric.type = \"${local.metric_types.notice}\" AND resource.type = \"global\""
-      comparison              = "COMPARISON_GT"
-      threshold_value         = 0.5
+      filter          = "metric.type = \"${local.metric_types.notice}\" AND resource.type = \"global\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0.5
+      # No second pending period: the evaluator already pends the checks (check_pending_minutes)
+      # and writes 1 only for a verdict that pages now; 0s fires on the first point above 0.5.
       duration                = "0s"
       evaluation_missing_data = "EVALUATION_MISSING_DATA_INACTIVE"
 

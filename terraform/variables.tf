@@ -502,6 +502,17 @@ variable "grad_norm_limit" {
   }
 }
 
+variable "check_pending_minutes" {
+  description = "Run-health checks fire only when their condition held at every minute tick this many minutes back (0: at once; Marin's rules pend five)."
+  type        = number
+  default     = 5
+
+  validation {
+    condition     = var.check_pending_minutes >= 0 && var.check_pending_minutes <= 60 && floor(var.check_pending_minutes) == var.check_pending_minutes
+    error_message = "The check_pending_minutes must be a whole number from 0 to 60."
+  }
+}
+
 variable "skipped_steps_limit" {
   description = "steps_skipped (page): skipped steps in 15 minutes that fire."
   type        = number

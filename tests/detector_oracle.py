@@ -115,6 +115,7 @@ THRESHOLD_OVERRIDES = (
     "loss_jump_limit",
     "grad_norm_limit",
     "skipped_steps_limit",
+    "check_pending_minutes",
     "throughput_floor",
     "mfu_floor",
     "token_drop_limit",
@@ -475,7 +476,8 @@ def check_row(
         return _newest([s for s in window(key) if finite(s.value)])
 
     if reason == "loss_jump":
-        floor, base = windows["recent_floor"], windows["baseline_floor"]
+        # SPEC (issue 24): the median of the minute floors of each window, not its lowest value.
+        floor, base = windows["jump_recent"], windows["jump_baseline"]
         if loss_reason != "healthy" or floor is None or base is None:
             return None
         rise = floor - base
@@ -541,6 +543,49 @@ def check_row(
         fired = [(s, name) for s, name in bounds if abs(s.value) == size]
         return tuple(name for _, name in fired), fired[0][0].value, limit, _near(size, limit, 1.0)
     raise ValueError(reason)
+
+
+def jump_levels(loss: list[Sample], end: datetime, t: Thresholds) -> dict[str, Any]:
+    """loss_jump's levels at a tick ending at `end`: per window the median of its minutes'
+    lowest finite loss (minutes without one left out)."""
+    hour = t.baseline_minutes
+    floors: dict[int, float] = {}
+    for s in loss:
+        k = minute_of(end, s.timestamp)
+        if s.timestamp < end and k < hour and finite(s.value):
+            floors[k] = min(floors.get(k, math.inf), s.value)
+    recent = [v for k, v in floors.items() if k < t.recent_minutes]
+    base = [v for k, v in floors.items() if k >= t.recent_minutes]
+    return {
+        "jump_recent": statistics.median(recent) if recent else None,
+        "jump_baseline": statistics.median(base) if base else None,
+    }
+
+
+def pending_check_row(
+    reason: str,
+    data: dict[str, list[Sample]],
+    loss: list[Sample],
+    loss_reason: str,
+    t: Thresholds,
+    names: dict[str, str],
+    now: datetime,
+    scale: float,
+) -> tuple[tuple[str, ...], float, float, bool] | None:
+    """SPEC's "Pending period": the row `check_row` gives at `now`, when the check's condition
+    also held at every tick now - k minutes, k = 1..check_pending_minutes (there without the
+    healthy-loss-row gate); an edge at any tick makes the row an edge row."""
+    fired = check_row(reason, data, jump_levels(loss, now, t), loss_reason, t, names, now, scale)
+    if fired is None:
+        return None
+    edge = fired[3]
+    for k in range(1, t.check_pending_minutes + 1):
+        tick = now - timedelta(minutes=k)
+        earlier = check_row(reason, data, jump_levels(loss, tick, t), "healthy", t, names, tick, scale)
+        if earlier is None:
+            return None
+        edge = edge or earlier[3]
+    return (*fired[:3], edge)
 
 
 CHECK_FIELD = {reason: threshold for reason, _, _, threshold in CHECKS}
@@ -796,7 +841,7 @@ def expect(
                     scoped_note = with_note(scoped_note, f"the run published FINISHED at {rfc3339(phase[1])}")
                 if reason not in checks_on(config.checks, scoped):
                     continue
-                fired = check_row(reason, data, windows, loss_reason, scoped, names, now, scale)
+                fired = pending_check_row(reason, data, loss, loss_reason, scoped, names, now, scale)
                 if fired is not None:
                     metrics, observed, threshold, edge = fired
                     rows.append(CheckRow(reason, severity, metrics, observed, threshold, quiet, scoped_note, edge))

@@ -73,6 +73,8 @@ class HealthRun:
     uids: tuple[str | None, str | None]
     # A sample of another metric from the old attempt at the newest sample's very time: a tie.
     tie: bool = False
+    # How many minutes before now the loss jumped: the pending period reads minutes before it.
+    jump_age: float = 5.0
 
 
 def samples_of(run: HealthRun) -> list[Sample]:
@@ -86,7 +88,7 @@ def samples_of(run: HealthRun) -> list[Sample]:
     # The loss: an hour and a bit at 20 s a step, a jump in the last minutes.
     for k in range(int(70 * 3)):
         age = 70.0 - k / 3.0 - rng.uniform(0, 0.3)
-        value = 2.5 + rng.gauss(0, run.loss_noise) + (run.loss_jump if age < 5 else 0.0)
+        value = 2.5 + rng.gauss(0, run.loss_noise) + (run.loss_jump if age < run.jump_age else 0.0)
         out.append(Sample(NOW - timedelta(minutes=age), value, run.run_id, execution_uid=uid(age)))
     for stream in run.streams:
         name, typical, spread = METRICS[stream.key]
@@ -148,6 +150,7 @@ def health_runs(draw, run_id: str = "hero-a") -> HealthRun:
         restart=restart,
         uids=draw(st.sampled_from([("e1", "e2"), ("b", "a"), (None, "x")])),
         tie=tie,
+        jump_age=draw(st.sampled_from([5.0, 8.0, 11.0, 16.0])),
     )
 
 
@@ -156,8 +159,9 @@ GENERAL = ("loss_jump", "grad_norm_high", "steps_skipped")
 
 
 @st.composite
-def check_overrides(draw, runs: list[str], model_specific: bool = True) -> list[OverrideRow]:
-    """Rows tuning or silencing one check's row of a run, its loss row, or the whole run.
+def check_overrides(draw, runs: list[str], model_specific: bool = True, max_pending: int = 0) -> list[OverrideRow]:
+    """Rows tuning or silencing one check's row of a run, its loss row, or the whole run; a row
+    may also shorten the checks' pending period to one of 0..`max_pending` (a longer one is unusable).
 
     Without `model_specific`, no row sets a model-specific threshold (see
     test_checks.test_a_floor_set_for_one_run_turns_its_check_on).
@@ -171,6 +175,9 @@ def check_overrides(draw, runs: list[str], model_specific: bool = True) -> list[
             if scope in CHECK_OVERRIDES:
                 column, options = CHECK_OVERRIDES[scope]
                 values[column] = draw(st.sampled_from(options))
+            if max_pending and draw(st.integers(0, 3)) == 0:
+                values["check_pending_minutes"] = draw(st.sampled_from(sorted({0, max_pending // 2, max_pending})))
+                event("override: a shorter pending period")
             if draw(st.integers(0, 3)) == 0:
                 values["silenced_until"] = NOW + timedelta(hours=1)
             event(f"override scope: {scope}")

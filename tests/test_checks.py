@@ -7,6 +7,7 @@ values, too few samples, NaN values, metrics absent) and override rows scoped to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import timedelta
 
@@ -26,6 +27,15 @@ MINUTE = timedelta(minutes=1)
 PROPERTY = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
+# The pending period as shipped (5), none (0: fires at once), and a short one, with and without
+# the model-specific checks.
+LIMITS = [
+    Thresholds(),
+    ALL_LIMITS,
+    Thresholds(check_pending_minutes=0),
+    dataclasses.replace(ALL_LIMITS, check_pending_minutes=0),
+    dataclasses.replace(ALL_LIMITS, check_pending_minutes=2),
+]
 CHECK_LISTS = st.sampled_from([None, None, ("grad_norm_high", "steps_skipped", "throughput_low"), ("router_bias",)])
 
 
@@ -36,14 +46,20 @@ def reported(rows: list[dict]) -> None:
 
 
 @PROPERTY
-@given(data=st.data(), limits=st.sampled_from([Thresholds(), ALL_LIMITS]), listed=CHECK_LISTS)
+@given(data=st.data(), limits=st.sampled_from(LIMITS), listed=CHECK_LISTS)
 def test_checks_match_the_oracle(data, limits, listed):
     runs = [data.draw(health_runs("hero-a"))]
     if data.draw(st.booleans()):
         runs.append(data.draw(health_runs("hero-b")))
     samples = [s for run in runs for s in samples_of(run)]
     # A model-specific threshold set for one run only turns its check on (tested below).
-    overrides = data.draw(check_overrides([r.run_id for r in runs], model_specific=limits is ALL_LIMITS))
+    overrides = data.draw(
+        check_overrides(
+            [r.run_id for r in runs],
+            model_specific=limits.mfu_floor is not None,
+            max_pending=limits.check_pending_minutes,
+        )
+    )
     config = Settings(thresholds=limits, checks=listed)
     rows = rows_for(samples, config, NOW, overrides)
     reported(rows)
@@ -51,6 +67,13 @@ def test_checks_match_the_oracle(data, limits, listed):
 
 
 # --- what a user sees -------------------------------------------------------------------
+
+
+def at_once(samples: list[Sample], config: Settings, now=NOW, overrides=()) -> list[dict]:
+    """evaluate's rows with the pending period off (0): what one tick's conditions make fire.
+    The period itself is tested below, from "the pending period" on."""
+    thresholds = dataclasses.replace(config.thresholds, check_pending_minutes=0)
+    return rows_for(samples, dataclasses.replace(config, thresholds=thresholds), now, overrides)
 
 
 def metric(name: str, values: list[float], run: str = "hero-a", every: float = 30.0, uid: str = "attempt-1"):
@@ -68,7 +91,7 @@ def check_rows(rows: list[dict], run: str = "hero-a") -> list[dict]:
 
 def test_a_run_without_the_extra_metrics_gets_no_check_row():
     samples = falling_run() + falling_run("hero-b", seed=2) + metric("grad_norm_total", [2.5] * 5, "hero-b")
-    rows = rows_for(samples, Settings(thresholds=ALL_LIMITS, checks=None))
+    rows = at_once(samples, Settings(thresholds=ALL_LIMITS, checks=None))
     assert [r["reason"] for r in rows if r["run"] == "hero-a"] == ["healthy"]
     assert [(r["reason"], r["observed"], r["threshold"]) for r in check_rows(rows, "hero-b")] == [
         ("grad_norm_high", 2.5, 2.0)
@@ -77,9 +100,9 @@ def test_a_run_without_the_extra_metrics_gets_no_check_row():
 
 def test_checks_none_gives_exactly_the_loss_rows():
     samples = falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("optim_skipped_step", [1.0] * 6)
-    everything = rows_for(samples, Settings())
+    everything = at_once(samples, Settings())
     assert {r["reason"] for r in check_rows(everything)} == {"grad_norm_high", "steps_skipped"}
-    loss_only = rows_for(samples, Settings(checks=()))
+    loss_only = at_once(samples, Settings(checks=()))
     assert loss_only == [everything[0]]
 
 
@@ -88,7 +111,7 @@ def test_a_silenced_runs_check_rows_keep_reason_and_severity_with_value_0():
         falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("eval_paloma_macro_loss", [3.0, 3.2], every=600)
     )
     silence = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, note="ablation")
-    rows = check_rows(rows_for(samples, Settings(), overrides=[silence]))
+    rows = check_rows(at_once(samples, Settings(), overrides=[silence]))
     assert [(r["reason"], r["severity"], r["value"], r["silenced"], r["note"]) for r in rows] == [
         ("grad_norm_high", "page", 0, True, "ablation"),
         ("eval_regressed", "notify", 0, True, "ablation"),
@@ -100,24 +123,24 @@ def test_a_silenced_runs_check_rows_keep_reason_and_severity_with_value_0():
 def test_an_override_scoped_to_loss_silences_the_loss_row_only():
     samples = falling_run(minutes=90, shift=0.3, shift_age=6) + metric("grad_norm_total", [9.0] * 5)
     scoped = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, reason="loss")
-    loss, check = rows_for(samples, Settings(), overrides=[scoped])
+    loss, check = at_once(samples, Settings(), overrides=[scoped])
     assert (loss["reason"], loss["value"], loss["silenced"]) == ("level_shift", 0, True)
     assert (check["reason"], check["value"], check["silenced"]) == ("grad_norm_high", 1, False)
     # And one scoped to a check silences that check's row only.
     scoped = OverrideRow("hero-a", NOW - 5 * MINUTE, silenced_until=NOW + 60 * MINUTE, reason="grad_norm_high")
-    loss, check = rows_for(samples, Settings(), overrides=[scoped])
+    loss, check = at_once(samples, Settings(), overrides=[scoped])
     assert (loss["value"], check["value"], check["silenced"]) == (1, 0, True)
 
 
 def test_a_checks_threshold_comes_from_its_scoped_override_row():
     samples = falling_run() + metric("grad_norm_total", [1.5] * 5)
-    assert check_rows(rows_for(samples, Settings())) == []
+    assert check_rows(at_once(samples, Settings())) == []
     tighter = OverrideRow("hero-a", NOW - 5 * MINUTE, grad_norm_limit=1.0, reason="grad_norm_high")
-    [row] = check_rows(rows_for(samples, Settings(), overrides=[tighter]))
+    [row] = check_rows(at_once(samples, Settings(), overrides=[tighter]))
     assert (row["reason"], row["observed"], row["threshold"]) == ("grad_norm_high", 1.5, 1.0)
     # A row scoped to another check leaves this one alone.
     other = OverrideRow("hero-a", NOW - 5 * MINUTE, grad_norm_limit=1.0, reason="steps_skipped")
-    assert check_rows(rows_for(samples, Settings(), overrides=[other])) == []
+    assert check_rows(at_once(samples, Settings(), overrides=[other])) == []
 
 
 def test_skipped_steps_of_the_previous_attempt_do_not_count():
@@ -127,18 +150,18 @@ def test_skipped_steps_of_the_previous_attempt_do_not_count():
     # The new attempt's tracker announces it with a phase row (SPEC "Attempts": loss or phase rows
     # pick the attempt; levanter-telemetry-facts.md section 3: phase is written when the tracker starts).
     samples += metric("phase", [1.0], every=5, uid="attempt-2")
-    assert check_rows(rows_for(samples, Settings())) == []
+    assert check_rows(at_once(samples, Settings())) == []
     samples += metric("optim_skipped_step", [1.0], every=10, uid="attempt-2")
-    [row] = check_rows(rows_for(samples, Settings()))
+    [row] = check_rows(at_once(samples, Settings()))
     assert (row["reason"], row["observed"], row["threshold"]) == ("steps_skipped", 3.0, 3.0)
 
 
 def test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not():
     samples = falling_run() + metric("grad_norm_total", [1.0, math.nan])
-    [row] = check_rows(rows_for(samples, Settings()))
+    [row] = check_rows(at_once(samples, Settings()))
     assert row["reason"] == "grad_norm_high" and row["severity"] == "page"
     stale = falling_run() + [Sample(NOW - 16 * MINUTE, 9.0, "hero-a", name="grad_norm_total")]
-    assert check_rows(rows_for(stale, Settings())) == []
+    assert check_rows(at_once(stale, Settings())) == []
 
 
 def test_a_floor_set_for_one_run_turns_its_check_on():
@@ -146,7 +169,7 @@ def test_a_floor_set_for_one_run_turns_its_check_on():
     override column: a floor set for one run turns that run's check on."""
     samples = falling_run() + metric("throughput_mfu", [39.0] * 12, every=20)
     floor = OverrideRow("hero-a", NOW - 5 * MINUTE, mfu_floor=50.0, reason="mfu_low")
-    rows = check_rows(rows_for(samples, Settings(), overrides=[floor]))
+    rows = check_rows(at_once(samples, Settings(), overrides=[floor]))
     assert [(r["reason"], r["severity"], r["observed"], r["threshold"]) for r in rows] == [
         ("mfu_low", "notify", 39.0, 50.0)
     ]
@@ -154,7 +177,7 @@ def test_a_floor_set_for_one_run_turns_its_check_on():
 
 def test_seed_setting_has_no_check_rows():
     samples = falling_run() + metric("grad_norm_total", [9.0] * 5)
-    assert [r["reason"] for r in rows_for(samples, seed_settings())] == ["healthy"]
+    assert [r["reason"] for r in at_once(samples, seed_settings())] == ["healthy"]
 
 
 def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
@@ -167,7 +190,7 @@ def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
             for s, d in ((0, -5.0), (20, 5.0))
         ]
     config = Settings(thresholds=Thresholds(throughput_floor=1000.0))
-    [row] = check_rows(rows_for(samples, config))
+    [row] = check_rows(at_once(samples, config))
     assert (row["reason"], row["severity"], row["metric"]) == (
         "throughput_low",
         "notify",
@@ -176,7 +199,7 @@ def test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median():
     assert (row["observed"], row["threshold"]) == (970.0, 1000.0)  # the median of the minute means
     # Fewer than ten samples in the window say nothing.
     few = falling_run() + [s for s in samples if s.name != "train_loss"][:9]
-    assert check_rows(rows_for(few, config)) == []
+    assert check_rows(at_once(few, config)) == []
 
 
 def test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row():
@@ -185,15 +208,16 @@ def test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row():
     is not; between equal times the larger UID wins, and NULL loses to any UID."""
     old = falling_run(minutes=90, shift=0.5, shift_age=6)
     fresh = Sample(NOW - timedelta(seconds=2), 1.0, "hero-a", name="phase", execution_uid="attempt-2")
-    row = rows_for([*old, fresh], Settings())[0]
+    row = at_once([*old, fresh], Settings())[0]
     assert (row["reason"], row["baseline_samples"], row["recent_samples"]) == ("warming_up", 0, 0)
-    assert rows_for([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
+    assert at_once([*old, fresh], Settings(attempts="all"))[0]["reason"] == "level_shift"
     other_task = Sample(NOW - timedelta(seconds=2), 0.5, "hero-a", name="grad_norm_total", execution_uid="attempt-2")
-    assert rows_for([*old, other_task], Settings())[0]["reason"] == "level_shift"
+    assert at_once([*old, other_task], Settings())[0]["reason"] == "level_shift"
     for older, newer in (("attempt-0", "attempt-1"), (None, "attempt-1")):
         tie = Sample(old[-1].timestamp, 9.0, "hero-a", name="train_loss", execution_uid=older)
-        row = rows_for([*old, tie], Settings())[0]
+        row = at_once([*old, tie], Settings())[0]
         assert row["reason"] == "level_shift", (older, newer)
+        assert check_rows(at_once([*old, tie], Settings())) == []  # the tie's 9.0 is the other attempt's
 
 
 def test_notify_checks_read_the_newest_finite_value_of_each_metric():
@@ -202,28 +226,28 @@ def test_notify_checks_read_the_newest_finite_value_of_each_metric():
     samples += metric("moe_drop_fraction", [0.01, 0.1, math.nan])  # NaN ignored: 0.1 is the newest
     samples += metric("train_router_routing_entropy_mean", [6.5, 5.5, 6.0])  # 6.0 is not below
     samples += metric("train_router_bias_max", [300.0]) + metric("train_router_bias_min", [-500.0])
-    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    rows = check_rows(at_once(samples, Settings(thresholds=limits)))
     assert [(r["reason"], r["metric"], r["observed"], r["threshold"]) for r in rows] == [
         ("token_drops", "moe_drop_fraction", 0.1, 0.07),
         ("router_bias", "train_router_bias_min", -500.0, 400.0),
     ]
     samples += metric("train_router_routing_entropy_mean", [5.0], every=1)
-    rows = check_rows(rows_for(samples, Settings(thresholds=limits)))
+    rows = check_rows(at_once(samples, Settings(thresholds=limits)))
     assert [r["reason"] for r in rows] == ["token_drops", "router_entropy", "router_bias"]
 
 
 def test_an_evaluation_older_than_thirty_minutes_says_nothing():
     samples = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=20 * 60)
-    assert [r["reason"] for r in check_rows(rows_for(samples, Settings()))] == ["eval_regressed"]
+    assert [r["reason"] for r in check_rows(at_once(samples, Settings()))] == ["eval_regressed"]
     stale = falling_run() + metric("eval_paloma_macro_loss", [3.0, 3.2], every=31 * 60)
-    assert check_rows(rows_for(stale, Settings())) == []
+    assert check_rows(at_once(stale, Settings())) == []
 
 
 def test_an_evaluation_no_worse_than_the_one_before_says_nothing():
     """SPEC: eval_regressed is the newest evaluation "above the one before it"; an equal one is not."""
     for values in ([3.2, 3.2], [3.2, 3.1]):
         samples = falling_run() + metric("eval_paloma_macro_loss", values, every=20 * 60)
-        assert check_rows(rows_for(samples, Settings())) == [], values
+        assert check_rows(at_once(samples, Settings())) == [], values
 
 
 def test_loss_jump_fires_beside_a_healthy_loss_row_only():
@@ -236,11 +260,11 @@ def test_loss_jump_fires_beside_a_healthy_loss_row_only():
         Sample(NOW - timedelta(seconds=10 * k + 5), 2.5 + rng.gauss(0, 0.4) + (1.2 if k < 30 else 0), "hero-a")
         for k in range(360)
     ]
-    rows = rows_for(noisy, Settings(detectors=()))
+    rows = at_once(noisy, Settings(detectors=()))
     assert rows[0]["reason"] == "healthy"
     assert [r["reason"] for r in check_rows(rows)] == ["loss_jump"]
     quiet = [Sample(s.timestamp, 2.5 + (1.2 if NOW - s.timestamp < 5 * MINUTE else 0.0), "hero-a") for s in noisy]
-    rows = rows_for(quiet, Settings(detectors=()))
+    rows = at_once(quiet, Settings(detectors=()))
     assert rows[0]["reason"] == "spiking" and check_rows(rows) == []
 
 
@@ -270,3 +294,154 @@ def test_half_the_minutes_below_the_floor_is_not_most_of_them():
         # Seven of thirteen minute means are `low`: the median is one of them.
         assert (row["reason"], row["severity"], row["observed"]) == (reason, "notify", low), name
         assert_matches(rows_for(most, Settings(thresholds=limits)), expect(most, NOW, Config(thresholds=limits)))
+
+
+# --- the pending period (SPEC.md "Pending period") --------------------------------------
+
+
+def grad_norms(first: float, last: float, value: float, uid: str = "attempt-1", run: str = "hero-a") -> list[Sample]:
+    """A gradient norm of `value` every 10 s from `first` to `last` minutes before now."""
+    count = int(round((first - last) * 6))
+    return [
+        Sample(
+            NOW - timedelta(minutes=first) + timedelta(seconds=10 * i),
+            value,
+            run,
+            name="grad_norm_total",
+            execution_uid=uid,
+        )
+        for i in range(count + 1)
+    ]
+
+
+def reasons(rows: list[dict], run: str = "hero-a") -> list[str]:
+    return [r["reason"] for r in check_rows(rows, run)]
+
+
+def pending(minutes: int) -> Settings:
+    return Settings(thresholds=Thresholds(check_pending_minutes=minutes))
+
+
+def test_a_check_fires_when_its_condition_held_at_every_tick_of_the_period_and_not_one_fewer():
+    """The ticks judged are now - k minutes, k = 0..N: high since 5 min 50 s ago holds at
+    ticks 0..5 (the tick 5 minutes back sees the value from 50 s before it), since 4 min 50 s
+    at ticks 0..4 only."""
+    low = grad_norms(40, 6, 1.0)
+    held_six = falling_run() + low + grad_norms(5 + 50 / 60, 0.1, 9.0)
+    held_five = falling_run() + low + grad_norms(4 + 50 / 60, 0.1, 9.0)
+    assert reasons(rows_for(held_six, pending(5))) == ["grad_norm_high"]
+    assert reasons(rows_for(held_five, pending(5))) == []
+    assert reasons(rows_for(held_five, pending(4))) == ["grad_norm_high"]
+    # The row says what the tick at now saw.
+    [row] = check_rows(rows_for(held_six, pending(5)))
+    assert (row["observed"], row["threshold"], row["severity"]) == (9.0, 2.0, "page")
+
+
+def test_pending_0_fires_at_once_and_the_default_waits_out_one_spiking_step():
+    """One step's gradient norm far above its limit: a page at once with 0, none with the
+    shipped five minutes (SPEC: a one-step spike skip-step already discarded is not a page)."""
+    spike = (
+        falling_run()
+        + grad_norms(30, 0.5, 1.0)
+        + [Sample(NOW - timedelta(seconds=5), 40.0, "hero-a", name="grad_norm_total", execution_uid="attempt-1")]
+    )
+    assert reasons(rows_for(spike, pending(0))) == ["grad_norm_high"]
+    assert reasons(rows_for(spike, Settings())) == []
+
+
+def test_a_value_gone_stale_at_an_earlier_tick_breaks_the_period():
+    """Freshness is judged at each tick: high values 25-22 minutes back, a gap, high again for
+    the last 3 minutes. At now the newest value is fresh and high; 3-5 minutes back the newest
+    was more than 15 minutes old, so the condition did not hold then."""
+    gap = falling_run() + grad_norms(25, 22, 9.0) + grad_norms(3, 0.1, 9.0)
+    assert reasons(rows_for(gap, pending(0))) == ["grad_norm_high"]
+    assert reasons(rows_for(gap, Settings())) == []
+    # Filled, the gap holds the condition at every tick.
+    assert reasons(rows_for(gap + grad_norms(22, 3, 9.0), Settings())) == ["grad_norm_high"]
+
+
+def test_a_new_attempt_starts_its_pending_period_afresh():
+    """Every tick of the period judges the attempt the tick at now judges: a restart 3 minutes
+    ago has no gradient norm at the ticks 3-5 minutes back, whatever the old attempt logged."""
+    old = grad_norms(40, 3.1, 9.0, uid="attempt-1")
+    recent_restart = falling_run() + old + grad_norms(3, 0.1, 9.0, uid="attempt-2")
+    assert reasons(rows_for(recent_restart, Settings())) == []
+    older_restart = falling_run() + grad_norms(40, 7.1, 9.0, uid="attempt-1") + grad_norms(7, 0.1, 9.0, uid="attempt-2")
+    assert reasons(rows_for(older_restart, Settings())) == ["grad_norm_high"]
+
+
+def test_an_override_row_sets_one_runs_period_and_a_longer_one_is_refused():
+    """check_pending_minutes is an override column: 0 for hero-a pages its two-minute high at once,
+    hero-b keeps the settings' five. A period longer than the settings' cannot be judged from what
+    the tick reads: the row is unusable, reported, and its run keeps the settings' period."""
+    samples = falling_run() + grad_norms(30, 2.2, 1.0) + grad_norms(2, 0.1, 9.0)
+    samples += (
+        falling_run("hero-b", seed=2) + grad_norms(30, 2.2, 1.0, run="hero-b") + grad_norms(2, 0.1, 9.0, run="hero-b")
+    )
+    now_for_a = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=0)
+    rows = rows_for(samples, Settings(), overrides=[now_for_a])
+    assert (reasons(rows, "hero-a"), reasons(rows, "hero-b")) == (["grad_norm_high"], [])
+    # Scoped to another check, the row leaves grad_norm_high's period alone.
+    other = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=0, reason="steps_skipped")
+    assert reasons(rows_for(samples, Settings(), overrides=[other]), "hero-a") == []
+
+    from incidents import store_for
+
+    from lossspike.evaluate import evaluate_tick
+
+    longer = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=6)
+    shorter_b = OverrideRow("hero-b", NOW - 5 * MINUTE, check_pending_minutes=0)
+    rows, problem = evaluate_tick(store_for(samples, [longer, shorter_b]), Settings(), NOW)
+    assert problem is not None and "check_pending_minutes=6 is longer than the settings' 5" in problem
+    assert (reasons(rows, "hero-a"), reasons(rows, "hero-b")) == ([], ["grad_norm_high"])
+
+
+def test_steps_skipped_must_reach_its_count_at_every_tick_of_the_period():
+    """Each tick sums its own 15 minutes: three skips 2-3 minutes ago reach the limit at now
+    and at the ticks 1-2 back, not at 3-5 back."""
+    skips = [
+        Sample(NOW - timedelta(minutes=m), 1.0, "hero-a", name="optim_skipped_step", execution_uid="attempt-1")
+        for m in (2.2, 2.5, 2.8)
+    ]
+    samples = falling_run() + grad_norms(30, 0.1, 0.5) + skips
+    assert reasons(rows_for(samples, pending(0))) == ["steps_skipped"]
+    assert reasons(rows_for(samples, pending(2))) == ["steps_skipped"]
+    assert reasons(rows_for(samples, pending(3))) == []
+
+
+def noisy_loss(jump: float, jump_minutes: float, easy: float | None = None, seed: int = 5) -> list[Sample]:
+    """An hour and a half of a loss around 2.5 (sd 0.4) at 10 s a step, `jump` higher for the last
+    `jump_minutes`; with `easy`, one micro-batch that low 30 minutes back."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for k in range(540):
+        age = timedelta(seconds=10 * k + 5)
+        value = 2.5 + rng.gauss(0, 0.4) + (jump if age < timedelta(minutes=jump_minutes) else 0.0)
+        out.append(Sample(NOW - age, value, "hero-a"))
+    if easy is not None:
+        out.append(Sample(NOW - 30 * MINUTE, easy, "hero-a"))
+    return out
+
+
+def test_loss_jump_is_not_set_off_by_one_easy_batch_in_the_baseline():
+    """The baseline's level is the median of its minutes' floors: one micro-batch 1.4 nats low
+    moved the old floor-vs-floor rule's baseline floor by as much, and paged a healthy run."""
+    quiet = noisy_loss(0.0, 0.0)
+    easy = noisy_loss(0.0, 0.0, easy=0.3)
+    no_detectors = dataclasses.replace(pending(0), detectors=())
+    assert reasons(rows_for(quiet, no_detectors)) == []
+    assert reasons(rows_for(easy, no_detectors)) == []
+
+
+def test_a_sustained_one_nat_jump_pages_loss_jump_once_it_held_the_period():
+    """A level 1.2 nats up: loss_jump after the recent window's median minute floor rose and
+    the rise held for the period (ticks 0..5); 6 minutes into the jump it has not yet."""
+    settings = dataclasses.replace(Settings(), detectors=())
+    early = rows_for(noisy_loss(1.2, 6.0), settings)
+    assert early[0]["reason"] == "healthy" and reasons(early) == []
+    late = rows_for(noisy_loss(1.2, 10.0), settings)
+    assert late[0]["reason"] == "healthy"
+    [row] = check_rows(late)
+    assert row["reason"] == "loss_jump" and row["observed"] > 1.0 and row["threshold"] == 1.0

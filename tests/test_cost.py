@@ -109,7 +109,10 @@ def test_the_view_read_prices_each_part_of_the_tick_read():
     seed = cost.view_read_part(cost.Fleet(runs=1000, detectors=(), checks=False), noon, pruned=True)
     full = cost.view_read_part(cost.Fleet(runs=1000), noon, pruned=True)
     assert "hour 60 min" in seed.arithmetic and "eval" not in seed.arithmetic and "history" not in seed.arithmetic
-    assert "eval 1,440 min x 100 rows/min" in full.arithmetic and "history 120 min x 1,200 rows/min" in full.arithmetic
+    assert "eval 1,445 min x 100 rows/min" in full.arithmetic and "history 120 min x 1,200 rows/min" in full.arithmetic
+    # The checks' pending period (5 min) reads that much more of each check part, and loss_jump's
+    # loss minutes before the hour: at most the minutes the checks read plus the period.
+    assert "checks 20 min" in full.arithmetic and "pending 5 min x 1,200 rows/min" in full.arithmetic
     # The checks' quarter hour, a day of sparse evaluation rows and two hours of loss rows.
     assert seed.bytes < full.bytes < 3 * seed.bytes
     # Without pruning the day of evaluation rows costs every row of the day: the clustering is what

@@ -776,3 +776,13 @@ def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
         assert set(columns) <= referenced, (sql, set(columns) - referenced)
     # The run variable is read when the dashboard loads, not at every refresh.
     assert variable_def("run")["refresh"] == 1
+
+
+def test_grafana_belief_the_rules_add_no_pending_period_of_their_own():
+    """The evaluator pends the checks for check_pending_minutes (SPEC.md "Pending period"): a rule
+    `for` would hold every page, loss rows included, that much longer again. Belief: the pending
+    period is how long the condition must be met before the rule fires, and zero skips it so the
+    alert fires at once (https://grafana.com/docs/grafana/next/alerting/fundamentals/alert-rule-evaluation/,
+    "Pending period")."""
+    for rule in (the_rule(), notice_rule()):
+        assert rule["for"] == "0s", (rule["title"], rule["for"])

@@ -310,17 +310,20 @@ def test_a_page_check_pages_an_incident_and_a_notify_check_never(demo_db, tmp_pa
     labels = tmp_path / "labels.csv"
     labels.write_text(
         HEADER
-        + "hero-grok-1,grad_norm,2026-11-30T11:56:00Z,true,5,,,,\n"
-        + "hero-jamba,skipped,2026-11-30T11:56:00Z,true,5,,,,\n"
+        + "hero-grok-1,grad_norm,2026-11-30T11:52:00Z,true,10,,,,\n"
+        + "hero-jamba,skipped,2026-11-30T11:48:00Z,true,15,,,,\n"
         + "hero-nemo-12b,throughput,2026-11-30T11:40:00Z,false,5,,2026-11-30T12:00:00Z,,\n"
     )
     args = ["backtest", "--database", str(demo_db), "--start", "2026-11-30T11:30:00Z", "--end", "2026-11-30T12:05:00Z"]
     result = lossspike(*args, "--labels", str(labels), "--format", "json")
     assert result.returncode == 0, result.stderr
     grok, jamba, nemo = json.loads(result.stdout)["labels_report"]["labels"]
-    # The norm is 3.5 from 11:56 on: the 11:57 tick is the first to read a minute of it.
-    assert grok["paged"] and grok["minutes_to_page"] == 1
-    assert jamba["paged"] and jamba["minutes_to_page"] == 4
+    # The norm is 3.5 from 11:52 on: the 11:53 tick is the first to read a minute of it, and the
+    # checks' five-minute pending period makes 11:58 the first to fire (ticks 11:53-11:58).
+    assert grok["paged"] and grok["minutes_to_page"] == 6
+    # Skips at 11:48, 11:51 and 11:54: the 11:55 tick is the first whose quarter hour holds three,
+    # 12:00 the first after five more minutes of ticks that do.
+    assert jamba["paged"] and jamba["minutes_to_page"] == 12
     assert not nemo["paged"] and nemo["wrong_pages"] == 0
     # Without the checks, the loss alone pages neither.
     quiet = json.loads(lossspike(*args, "--labels", str(labels), "--format", "json", "--checks", "none").stdout)

@@ -89,7 +89,8 @@ def _retried(run: str) -> list[Sample]:
             out.append(replace(s, execution_uid="attempt-2"))
     # Late rows of the old attempt, inside the check's quarter hour, before the retry's newest sample.
     out += _values("optim_skipped_step", run, [1.0, 1.0], every=300, uid="attempt-1")
-    out += _values("optim_skipped_step", run, [0.0, 1.0, 1.0, 0.0, 1.0], every=60, uid="attempt-2")
+    # Six to ten minutes back: three in every tick's quarter hour of the checks' pending period.
+    out += _values("optim_skipped_step", run, [1.0, 1.0, 1.0, 0.0, 0.0], every=120, uid="attempt-2")
     return out
 
 
@@ -108,7 +109,8 @@ def fleet() -> tuple[list[Sample], list[Sample]]:
     samples += _spike_train("hero-train")
     samples += falling_run("hero-slow", minutes=120, cadence=105.0, shift=0.3, shift_age=10, seed=2)
     samples += falling_run("hero-grad", minutes=90, cadence=20.0, seed=3)
-    samples += _values("grad_norm_total", "hero-grad", [0.8, 1.1, 2.6, math.nan], every=20)
+    # Above the limit for eight minutes: longer than the checks' pending period.
+    samples += _values("grad_norm_total", "hero-grad", [0.8, 1.1, *[2.6] * 24, math.nan], every=20)
     samples += _retried("hero-retried")
     samples += falling_run("hero-eval", minutes=90, cadence=20.0, seed=9)
     samples += _values("eval_paloma_macro_loss", "hero-eval", [3.1, 3.0, 3.2], every=600)

@@ -180,9 +180,10 @@ def test_plot_marks_check_episodes_with_their_reason(demo_db):
     finally:
         for f in (figure, notify, quiet):
             pyplot.close(f)
-    # The norm is 3.5 from 11:56 on: the 11:57 tick is the first to read it; it stays the newest
-    # value for 15 minutes after the run's last step at 12:00.
-    assert check_episodes(history, ticks) == [("grad_norm_high", NOW - timedelta(minutes=3), ticks[-1])]
+    # The norm is 3.5 from 11:52 on: the 11:53 tick is the first to read it, and with the checks'
+    # five-minute pending period (ticks 11:53-11:58 all read it) 11:58 is the first to fire; it
+    # stays the newest value for 15 minutes after the run's last step at 12:00.
+    assert check_episodes(history, ticks) == [("grad_norm_high", NOW - timedelta(minutes=2), ticks[-1])]
 
 
 def test_plot_draws_level_shifts_trend_aware_band(demo_db):

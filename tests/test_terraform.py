@@ -62,6 +62,7 @@ THRESHOLD_VARS = {
     "loss_jump_limit": 1.5,
     "grad_norm_limit": 2.5,
     "skipped_steps_limit": 5.0,
+    "check_pending_minutes": 3,
     "throughput_floor": 150000.0,  # the other model-specific limits stay unset: their checks stay off
 }
 # Check metric names away from their defaults (lossspike.sql.Selection's *_metric fields).
@@ -923,3 +924,16 @@ def test_without_the_rollup_the_tick_reads_raw_telemetry(workdir: Path) -> None:
     env = _after(raw, "google_cloudfunctions2_function.evaluator")["service_config"][0]["environment_variables"]
     settings = load_settings(env)
     assert settings.rollup_table == "" and settings.telemetry_table == EXAMPLE_VARS["telemetry_table"]
+
+
+def test_gcp_belief_the_paging_and_notice_policies_add_no_pending_period(plan: dict) -> None:
+    """The evaluator pends the checks (check_pending_minutes, SPEC.md "Pending period"); a policy
+    duration would hold each page that much longer again. Belief: a threshold condition's
+    `duration` is "the amount of time that a time series must violate the threshold to be
+    considered failing", in whole minutes, 0 included
+    (https://cloud.google.com/ruby/docs/reference/google-cloud-monitoring-v3/latest/Google-Cloud-Monitoring-V3-AlertPolicy-Condition-MetricThreshold);
+    with 60 s alignment, 0s fails on the first aligned point above 0.5."""
+    for name in ("loss_spike", "notice"):
+        condition = _after(plan, f"google_monitoring_alert_policy.{name}")["conditions"][0]["condition_threshold"][0]
+        assert condition["duration"] == "0s", (name, condition["duration"])
+        assert condition["aggregations"][0]["alignment_period"] == "60s"
