@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from oracle import Sample, escaped_like, like
+from oracle import Sample, escaped_like, like, phase_of, phase_verdict, rfc3339, with_note
 
 from lossspike.rule import Thresholds
 from lossspike.sql import Selection
@@ -184,26 +184,6 @@ def newest_attempt(samples: list[Sample], choosing: tuple[str, ...] = ()) -> str
         key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0, s.execution_uid is not None, s.execution_uid or ""),
     )
     return best.execution_uid
-
-
-def rfc3339(moment: datetime) -> str:
-    """The notes' time format: UTC with a Z, microseconds only when present."""
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def with_note(note: str | None, more: str) -> str:
-    return more if not note else f"{note}; {more}"
-
-
-def phase_of(rows: list[Sample], phase: str, loss: str) -> tuple[float, datetime, datetime, int] | None:
-    """SPEC "Phase", for one attempt's rows of the hour: its newest phase value and time, its
-    oldest phase time, its loss samples; None without a phase row."""
-    mine = [s for s in rows if s.name == phase]
-    if not mine:
-        return None
-    newest = max(mine, key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0))
-    oldest = min(s.timestamp for s in mine)
-    return newest.value, newest.timestamp, oldest, sum(1 for s in rows if s.name == loss)
 
 
 def finished_override(overrides: list, cluster: str, run: str, now: datetime, scope: str) -> bool | None:
@@ -803,27 +783,19 @@ def expect(
                 reasons[seed if name == "healthy_or_warming" else name] = found
         # The phase of the newest attempt (SPEC "Phase").
         phase = phase_of([s for s in in_hour if s.execution_uid == chosen], sel.phase_metric, sel.metric)
-        finished = (
-            phase is not None
-            and phase[0] == 2
-            and finished_override(list(overrides), cluster, run, now, "loss") is not False
+        forced, note, finished = phase_verdict(
+            phase,
+            set(reasons),
+            windows["last_loss_at"],
+            now,
+            t,
+            finished_override(list(overrides), cluster, run, now, "loss"),
+            note,
         )
+        if forced:
+            reasons = {forced: None}
         if finished:
-            silenced, note = True, with_note(note, f"the run published FINISHED at {rfc3339(phase[1])}")
-        elif phase is not None and phase[0] == 0 and phase[3] == 0 and "not_finite" not in reasons:
-            since = phase[2]
-            if t.initializing_minutes and since < now - timedelta(minutes=t.initializing_minutes):
-                reasons, note = {"stalled": None}, with_note(note, f"no loss since initializing at {rfc3339(since)}")
-            else:
-                reasons, note = {"warming_up": None}, with_note(note, f"initializing since {rfc3339(since)}")
-        elif phase is not None and "stalled" in reasons:
-            last = windows["last_loss_at"]
-            if (last is None or phase[1] > last) and phase[1] >= now - timedelta(minutes=t.stall_minutes):
-                gone = "the attempt started" if last is None else rfc3339(last)
-                note = with_note(note, f"process alive: phase heartbeat at {rfc3339(phase[1])}, no loss since {gone}")
-            else:
-                newest = phase[1] if last is None else max(phase[1], last)
-                note = with_note(note, f"silent: no loss or phase row since {rfc3339(newest)}")
+            silenced = True
         # The checks read the newest attempt whatever `attempts` says.
         newest_rows = [s for s in everything if s.execution_uid == chosen]
         data: dict[str, list[Sample]] = {}

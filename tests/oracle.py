@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lossspike.rule import Thresholds
@@ -85,20 +85,31 @@ def escaped_like(pattern: str, text: str) -> bool:
 OVERRIDE_THRESHOLDS = ("sigma", "min_rise", "min_baseline_samples", "min_recent_samples", "reference", "stall_minutes")
 
 
+def finished_in_force(overrides: list, cluster: str, run: str, now: datetime) -> bool | None:
+    """The `finished` column the override rows in force resolve to (None: no row sets it)."""
+    rows = _matching_ranked(overrides, cluster, run, now)
+    return next((r.finished for r in rows if r.finished is not None), None)
+
+
+def _matching_ranked(overrides: list, cluster: str, run: str, now: datetime) -> list:
+    """The rows in force for a run at `now`, newest first, its cluster's before any cluster's."""
+
+    def matching(row: Any) -> bool:
+        row_cluster = None if row.cluster is None else (row.cluster or "unknown")
+        return row.created_at <= now and row_cluster in (None, cluster) and escaped_like(row.run_pattern, run)
+
+    return sorted(
+        (r for r in overrides if matching(r)), key=lambda r: (r.cluster is not None, r.created_at), reverse=True
+    )
+
+
 def in_force(overrides: list, cluster: str, run: str, now: datetime, t: Thresholds) -> tuple[Thresholds, bool, Any]:
     """SPEC's per-column resolution: (thresholds, silenced, note) for one run at `now`.
 
     Among rows written at or before `now` that match the run, each column comes from the
     newest row setting it, a row naming the run's cluster before any row for every cluster.
     """
-
-    def matching(row: Any) -> bool:
-        row_cluster = None if row.cluster is None else (row.cluster or "unknown")
-        return row.created_at <= now and row_cluster in (None, cluster) and escaped_like(row.run_pattern, run)
-
-    ranked = sorted(
-        (r for r in overrides if matching(r)), key=lambda r: (r.cluster is not None, r.created_at), reverse=True
-    )
+    ranked = _matching_ranked(overrides, cluster, run, now)
 
     def newest(column: str) -> Any:
         return next((getattr(r, column) for r in ranked if getattr(r, column) is not None), None)
@@ -107,6 +118,56 @@ def in_force(overrides: list, cluster: str, run: str, now: datetime, t: Threshol
     until, finished = newest("silenced_until"), newest("finished")
     silenced = (until is not None and until > now) or finished is True
     return replace(t, **values), silenced, newest("note")
+
+
+def rfc3339(moment: datetime) -> str:
+    """The notes' time format: UTC with a Z, microseconds only when present."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def with_note(note: str | None, more: str) -> str:
+    return more if not note else f"{note}; {more}"
+
+
+def phase_of(rows: list[Sample], phase: str, loss: str) -> tuple[float, datetime, datetime, int] | None:
+    """SPEC "Phase", for one attempt's rows of the hour: its newest phase value and time, its
+    oldest phase time, its loss samples; None without a phase row."""
+    mine = [s for s in rows if s.name == phase]
+    if not mine:
+        return None
+    newest = max(mine, key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0))
+    oldest = min(s.timestamp for s in mine)
+    return newest.value, newest.timestamp, oldest, sum(1 for s in rows if s.name == loss)
+
+
+def phase_verdict(
+    phase: tuple[float, datetime, datetime, int] | None,
+    reasons: set[str],
+    last_loss_at: datetime | None,
+    now: datetime,
+    t: Thresholds,
+    finished_row: bool | None,
+    note: str | None,
+) -> tuple[str | None, str | None, bool]:
+    """SPEC "Phase" on a loss row whose rule allows `reasons`: (the reason the phase forces, or
+    None; the note; whether the run is finished). `finished_row`: the overrides' `finished`."""
+    if phase is None:
+        return None, note, False
+    value, at, since, losses = phase
+    if value == 2 and finished_row is not False:
+        return None, with_note(note, f"the run published FINISHED at {rfc3339(at)}"), True
+    if value == 0 and losses == 0 and "not_finite" not in reasons:
+        if t.initializing_minutes and since < now - timedelta(minutes=t.initializing_minutes):
+            return "stalled", with_note(note, f"no loss since initializing at {rfc3339(since)}"), False
+        return "warming_up", with_note(note, f"initializing since {rfc3339(since)}"), False
+    if "stalled" in reasons:
+        if (last_loss_at is None or at > last_loss_at) and at >= now - timedelta(minutes=t.stall_minutes):
+            gone = "the attempt started" if last_loss_at is None else rfc3339(last_loss_at)
+            alive = f"process alive: phase heartbeat at {rfc3339(at)}, no loss since {gone}"
+            return None, with_note(note, alive), False
+        newest = at if last_loss_at is None else max(at, last_loss_at)
+        return None, with_note(note, f"silent: no loss or phase row since {rfc3339(newest)}"), False
+    return None, note, False
 
 
 def _stats(values: list[float]) -> tuple[float | None, float | None, float | None]:
@@ -220,6 +281,22 @@ def expected(
         spread = rule.sigma * (row["baseline_stddev"] or 0.0)
         row["band"] = None if level is None else level + max(rule.min_rise, spread)
         row["reason"] = verdict(row, rule)
+        # SPEC "Phase": the phase of the attempt of the run's newest loss or phase row.
+        choosing = [s for s in rs if s.name in (sel.metric, sel.phase_metric)]
+        if choosing:
+            attempt = max(choosing, key=lambda s: (s.timestamp, s.execution_uid is not None, s.execution_uid or ""))
+            mine = [s for s in rs if s.execution_uid == attempt.execution_uid]
+            forced, note, finished = phase_verdict(
+                phase_of(mine, sel.phase_metric, sel.metric),
+                {row["reason"]},
+                row["last_loss_at"],
+                now,
+                rule,
+                finished_in_force(list(overrides), cluster, run, now),
+                note,
+            )
+            row["reason"] = forced or row["reason"]
+            silenced = silenced or finished
         row["value"] = int(row["reason"] in PAGING and not silenced)
         row.update(silenced=silenced, note=note)
         row.scale = max((abs(v) for v in base + recent_finite), default=0.0)

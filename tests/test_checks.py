@@ -364,9 +364,13 @@ def test_a_new_attempt_starts_its_pending_period_afresh():
     """Every tick of the period judges the attempt the tick at now judges: a restart 3 minutes
     ago has no gradient norm at the ticks 3-5 minutes back, whatever the old attempt logged."""
     old = grad_norms(40, 3.1, 9.0, uid="attempt-1")
-    recent_restart = falling_run() + old + grad_norms(3, 0.1, 9.0, uid="attempt-2")
+    # The new attempt's tracker announces it with a phase row (SPEC "Attempts": the newest loss or
+    # phase row picks the attempt; levanter-telemetry-facts.md section 3).
+    announced = [Sample(NOW - timedelta(seconds=2), 1.0, "hero-a", name="phase", execution_uid="attempt-2")]
+    recent_restart = falling_run() + old + grad_norms(3, 0.1, 9.0, uid="attempt-2") + announced
     assert reasons(rows_for(recent_restart, Settings())) == []
     older_restart = falling_run() + grad_norms(40, 7.1, 9.0, uid="attempt-1") + grad_norms(7, 0.1, 9.0, uid="attempt-2")
+    older_restart += announced
     assert reasons(rows_for(older_restart, Settings())) == ["grad_norm_high"]
 
 

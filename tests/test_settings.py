@@ -109,7 +109,7 @@ def test_every_variable_is_read():
         ("LOSSSPIKE_RUN_PATTERN", "  ", "must not be empty"),
         ("LOSSSPIKE_SIGAM", "6", "unknown setting"),
         ("LOSSSPIKE_CHECK_PENDING_MINUTES", "61", "from 0 to 60"),
-        ("LOSSSPIKE_CHECK_PENDING_MINUTES", "-1", ">= 0"),
+        ("LOSSSPIKE_CHECK_PENDING_MINUTES", "-1", "from 0 to 60"),
     ],
 )
 def test_bad_value_names_variable_and_accepted_values(name, value, accepted):
