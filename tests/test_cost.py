@@ -45,7 +45,8 @@ def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at
         # defaults' view read (phase, pending period, instability's peaks) leaves 1.316x. The day
         # it meets the target this fails, and the exception goes.
         assert not met, "telemetry_v1 meets its target now: remove this known miss"
-        pytest.xfail(f"telemetry_v1, defaults, 1,000 runs: {max(t['ratio'] for t in ticks.values())}x, target {target}x")
+        worst = max(t["ratio"] for t in ticks.values())
+        pytest.xfail(f"telemetry_v1, defaults, 1,000 runs: {worst}x, target {target}x")
     assert met, ticks
     # Flat through the day: every tick reads the same new minute and the same hour of the view.
     assert len({tick["bytes"] for tick in ticks.values()}) == 1
