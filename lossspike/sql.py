@@ -1151,13 +1151,18 @@ def _history_blocks(
 
 
 def _pending_floors(
-    dialect: Dialect, table: str, selection: Selection, params: dict[str, object], judged: Callable[[str], str]
+    dialect: Dialect,
+    table: str,
+    selection: Selection,
+    params: dict[str, object],
+    judged: Callable[[str], str],
+    shape: TelemetryShape = CONTRACT_SHAPE,
 ) -> str:
     """The pending part from raw telemetry: the loss's rows of the minutes just before the hour
     reduced to each minute's finite count and floor, all loss_jump's earlier ticks read of them."""
     d = dialect
     p = d.param.format
-    back = d.minutes_back.format("timestamp", p("now"))
+    back = d.minutes_back.format(instant(d, shape), p("now"))
     finite = d.finite.format("value")
     rows = _raw_rows(
         d,
@@ -1171,7 +1176,8 @@ def _pending_floors(
             f"{back} AS bucket_minute",
             f"{d.if_.format(finite, 'value')} AS loss_value",
         ],
-        f"timestamp >= {p('loss_before_start')}\n    AND timestamp < {p('hour_start')}\n    AND name = {p('metric')}",
+        f"{time_between(d, shape, params, 'loss_before_start', 'hour_start')}\n    AND name = {p('metric')}",
+        shape,
     )
     chosen = {
         "run_cluster": "COALESCE(NULLIF(cluster, ''), 'unknown')",
@@ -1274,7 +1280,7 @@ def _raw_read(
         )
     if windows.loss_before:
         params["loss_before_start"] = now - timedelta(minutes=windows.hour + windows.loss_before)
-        parts.append(_pending_floors(d, telemetry_table, selection, params, judged))
+        parts.append(_pending_floors(d, telemetry_table, selection, params, judged, shape))
     if history:
         params["history_start"] = now - timedelta(minutes=windows.history)
         params["hour_minutes"] = windows.hour
