@@ -110,15 +110,50 @@ def test_a_levanter_run_published_by_the_tracker_is_judged_by_evaluate(tmp_path:
     assert len(bq_rows) == len(rows)
     assert {r[:3] for r in bq_rows} == {r[:3] for r in rows}
 
-    now = (newest + timedelta(seconds=30)).astimezone(UTC)
-    result = lossspike(
-        "evaluate", "--database", str(database), "--now", now.isoformat(), "--format", "json", "--no-write"
-    )
-    assert result.returncode == 0, result.stderr
-    verdicts = {row["run"]: row for row in json.loads(result.stdout) if not row.get("metric")}
-    # A run minutes old has no baseline yet: warming_up, its newest loss read; the diverged one pages not_finite.
+    def judged(now: datetime) -> dict[str, dict]:
+        result = lossspike(
+            "evaluate", "--database", str(database), "--now", now.isoformat(), "--format", "json", "--no-write"
+        )
+        assert result.returncode == 0, result.stderr
+        return {row["run"]: row for row in json.loads(result.stdout) if not row.get("metric")}
+
+    # While the diverged run was still training (its first non-finite loss, before its FINISHED
+    # phase row), it pages not_finite; a run minutes old has no baseline yet: warming_up.
+    with duckdb.connect(str(database), read_only=True) as connection:
+        first_bad, finished = connection.execute(
+            "SELECT min(timestamp) FILTER (WHERE name = 'train_loss' AND NOT abs(value) < 1e150),"
+            " min(timestamp) FILTER (WHERE name = 'phase' AND value = 2)"
+            " FROM telemetry WHERE run_id = 'hero-lev-diverges'"
+        ).fetchone()
+    assert first_bad < finished
+    training = judged((first_bad + (finished - first_bad) / 2).astimezone(UTC))
+    assert (training["hero-lev-diverges"]["reason"], training["hero-lev-diverges"]["value"]) == ("not_finite", 1)
+    assert training["hero-lev-diverges"]["silenced"] is False
+
+    # The next whole minute, after both finished: SPEC "Phase", a FINISHED run keeps its reason,
+    # pages nothing and says why; the backtest judges that tick the same way.
+    tick = (newest + timedelta(minutes=1)).astimezone(UTC).replace(second=0, microsecond=0)
+    verdicts = judged(tick)
     assert verdicts["hero-lev-converges"]["reason"] == "warming_up"
     assert verdicts["hero-lev-converges"]["last_loss_at"] is not None
     assert verdicts["hero-lev-diverges"]["reason"] == "not_finite"
-    assert verdicts["hero-lev-diverges"]["value"] == 1
-    assert datetime.fromisoformat(verdicts["hero-lev-converges"]["evaluated_at"]) == now
+    for row in verdicts.values():
+        assert (row["value"], row["silenced"]) == (0, True) and "published FINISHED" in row["note"], row
+    assert datetime.fromisoformat(verdicts["hero-lev-converges"]["evaluated_at"]) == tick
+    replay = lossspike(
+        "backtest",
+        "--database",
+        str(database),
+        "--start",
+        tick.isoformat(),
+        "--end",
+        tick.isoformat(),
+        "--format",
+        "json",
+    )
+    assert replay.returncode == 0, replay.stderr
+    [variant] = json.loads(replay.stdout)["variants"]
+    by_run = {r["run"]: r["ticks_by_reason"] for r in variant["runs"]}
+    for run, row in verdicts.items():
+        assert {reason: n for reason, n in by_run[run].items() if n} == {row["reason"]: 1}, run
+    assert variant["summary"]["pages"] == 0
