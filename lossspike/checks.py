@@ -228,21 +228,31 @@ def enabled_checks(listed: tuple[str, ...] | None, thresholds: Thresholds) -> tu
     return tuple(r for r in CHECK_REASONS if r in on)
 
 
-def jump_levels(floors: np.ndarray, finite: np.ndarray, recent_minutes: int) -> tuple[float, float] | None:
-    """loss_jump's levels of one hour of the judged loss, per minute oldest first (`floors`: each
-    minute's lowest finite loss, `finite`: how many it had): (recent, baseline), each the median
-    of the floors of the window's minutes with a finite loss; None when a window has none.
+def jump_levels_all(floors: np.ndarray, finite: np.ndarray, recent_minutes: int) -> tuple[np.ndarray, np.ndarray]:
+    """loss_jump's levels of one hour of the judged loss for every row at once, minutes on the
+    last axis oldest first (`floors`: each minute's lowest finite loss, `finite`: how many it
+    had): (recent, baseline), each the median of the floors of the window's minutes with a
+    finite loss; NaN where a window has none.
 
     A median of minute floors, not the window's lowest value: one easy micro-batch sets one
     minute's floor and moves the median by one rank at most, while a level that jumped by a
     nat moves every minute's floor, and so both medians alike.
     """
-    split = len(floors) - recent_minutes
-    base = floors[:split][finite[:split] > 0]
-    recent = floors[split:][finite[split:] > 0]
-    if not len(base) or not len(recent):
+    # Imported here: lossspike.detectors imports the minute layer, which imports this module.
+    from lossspike.detectors import median
+
+    split = floors.shape[-1] - recent_minutes
+    kept = np.where(finite > 0, floors, np.nan)
+    return median(kept[..., split:]), median(kept[..., :split])
+
+
+def jump_levels(floors: np.ndarray, finite: np.ndarray, recent_minutes: int) -> tuple[float, float] | None:
+    """jump_levels_all of one run's hour: (recent, baseline), or None when a window has no minute
+    with a finite loss."""
+    recent, base = jump_levels_all(floors[None, :], finite[None, :], recent_minutes)
+    if np.isnan(recent[0]) or np.isnan(base[0]):
         return None
-    return float(np.median(recent)), float(np.median(base))
+    return float(recent[0]), float(base[0])
 
 
 @dataclass(frozen=True)

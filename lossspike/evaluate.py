@@ -23,7 +23,7 @@ from lossspike.checks import (
     LOSS_JUMP,
     CheckData,
     enabled_checks,
-    jump_levels,
+    jump_levels_all,
     run_checks_pending,
 )
 from lossspike.deadline import Deadline
@@ -129,6 +129,7 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
     rows = []
     phases = runs.phases or [None] * len(runs.keys)
+    levels = jump_levels_by_tick(runs, windows.loss_before, t.recent_minutes) if checks else []
     for i, key in enumerate(runs.keys):
         windows_i, reason, finding = loss[i]
         reason, policy = loss_verdict(reason, phases[i], windows_i.last_loss_at, now, policies[i])
@@ -137,7 +138,7 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
         rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy))
         if not checks:
             continue
-        data_at = _checks_as_of(runs, i, now, windows.loss_before, names, t.recent_minutes)
+        data_at = _checks_as_of(runs, i, now, levels, names)
         for check in checks:
             scoped = finished_policy(phases[i], by_check[check].get(key, plain))
             for fired in run_checks_pending(data_at, reason, scoped.thresholds, (check,)):
@@ -145,25 +146,37 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     return rows
 
 
+def jump_levels_by_tick(runs: TickRuns, loss_before: int, recent_minutes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """loss_jump's (recent, baseline) levels of every run at the ticks 0..loss_before minutes
+    before now (checks.jump_levels_all over each tick's hour of floors): once for all runs."""
+    width = runs.floors.shape[1]
+    hour = width - loss_before
+    return [
+        jump_levels_all(
+            runs.floors[:, width - k - hour : width - k],
+            runs.floor_counts[:, width - k - hour : width - k],
+            recent_minutes,
+        )
+        for k in range(loss_before + 1)
+    ]
+
+
 def _checks_as_of(
-    runs: TickRuns, i: int, now: datetime, loss_before: int, names: dict[str, str], recent_minutes: int
+    runs: TickRuns, i: int, now: datetime, levels: list[tuple[np.ndarray, np.ndarray]], names: dict[str, str]
 ) -> Callable[[int], CheckData | None]:
     """What run i's checks read at the tick k minutes before `now`, as that tick read it: each
     metric's window and freshness, the evaluations and loss_jump's levels as of then (SPEC.md
     "Pending period"), of the attempt judged now."""
     end = int((now - minutes.instant(0)) // timedelta(microseconds=1))
-    hour = runs.floors.shape[1] - loss_before
 
     def at(k: int) -> CheckData | None:
         tick = end - k * minutes.MICROS_PER_MINUTE
         metrics = {key: m for key, series in runs.checks[i].items() if (m := series.as_of(tick)) is not None}
         evals = runs.evals[i].as_of(tick) if runs.evals[i] is not None else []
         jump = None
-        if k <= loss_before:
-            stop = runs.floors.shape[1] - k
-            jump = jump_levels(
-                runs.floors[i, stop - hour : stop], runs.floor_counts[i, stop - hour : stop], recent_minutes
-            )
+        if k < len(levels):
+            recent, base = levels[k][0][i], levels[k][1][i]
+            jump = None if np.isnan(recent) or np.isnan(base) else (float(recent), float(base))
         return CheckData(metrics, evals, names, jump)
 
     return at
