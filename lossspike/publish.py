@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any, Protocol
 
+from lossspike.schema import TELEMETRY_COLUMNS
+
 logger = logging.getLogger(__name__)
 
 # Levanter's own service name, so rows read as Levanter's with today's `service` setting.
@@ -488,18 +490,7 @@ def _one_line(error: BaseException) -> str:
 # -- sinks -------------------------------------------------------------------------------
 
 # The DuckDB table: the contract's types (SPEC "Data contracts") plus process_index and step.
-DUCKDB_COLUMNS = {
-    "timestamp": "TIMESTAMP WITH TIME ZONE",
-    "service": "VARCHAR",
-    "name": "VARCHAR",
-    "value": "DOUBLE",
-    "cluster": "VARCHAR",
-    "run_id": "VARCHAR",
-    "job_id": "VARCHAR",
-    "execution_uid": "VARCHAR",
-    "process_index": "BIGINT",
-    "step": "BIGINT",
-}
+DUCKDB_COLUMNS = {**TELEMETRY_COLUMNS, "process_index": "BIGINT", "step": "BIGINT"}
 
 
 class DuckDBSink:
