@@ -144,10 +144,13 @@ MUTANTS = [
         PROPERTIES,
     ),
     Mutant(
-        "recent window starts one instant late",
+        # The tick's windows are whole minutes counted back from now (sql.loss_window_query, which
+        # drew the edge per row, is now only the rollup tests' reference): a row on a minute's
+        # start falls into the minute before, the hour's start moving with the recent window's.
+        "recent window starts one instant late (DuckDB's minutes back from now: the hour's start too)",
         "lossspike/sql.py",
-        "(f\"timestamp >= {d.param.format('recent_start')} AS recent\",)",
-        "(f\"timestamp > {d.param.format('recent_start')} AS recent\",)",
+        '    minutes_back="(epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1",',
+        '    minutes_back="(epoch_us({1}) - epoch_us({0})) // 60000000 + 1",',
         PROPERTIES,
     ),
     Mutant(
@@ -277,22 +280,22 @@ MUTANTS = [
     Mutant(
         "the rollup view enrolls empty run IDs",
         "lossspike/sql.py",
-        "  AND value IS NOT NULL\n  AND run_id <> ''\n  AND {runs}",
-        "  AND value IS NOT NULL\n  AND {runs}",
+        """    kept += ["value IS NOT NULL", "run_id <> ''", runs]""",
+        """    kept += ["value IS NOT NULL", runs]""",
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
         "the raw reads enroll empty run IDs",
         "lossspike/sql.py",
-        """"value IS NOT NULL", "run_id <> ''", runs]""",
-        """"value IS NOT NULL", runs]""",
+        """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", "run_id <> ''", runs]""",
+        """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", runs]""",
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
         "the newest loss time ignores NaN losses",
         "lossspike/sql.py",
-        '"last_loss_at": f"MAX({when(is_loss, \'timestamp\')})",',
-        "\"last_loss_at\": f\"MAX({when(f'{is_loss} AND {finite}', 'timestamp')})\",",
+        '"last_loss_at": f"MAX({when(is_loss, t)})",',
+        '"last_loss_at": f"MAX({when(f\'{is_loss} AND {finite}\', t)})",',
         ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
     ),
     # --- the sinks: a run pages once (issue 15) ---
@@ -414,8 +417,8 @@ MUTANTS = [
     Mutant(
         "issue 17: an unusable row keeps the silences of the runs it could match",
         "lossspike/overrides.py",
-        'return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"])',
-        'return RunPolicy(thresholds, silenced, found["note"])',
+        'return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"], found["finished"])',
+        'return RunPolicy(thresholds, silenced, found["note"], found["finished"])',
         [
             "tests/test_overrides.py::test_an_unusable_row_lifts_every_silence_of_the_runs_it_could_match",
             f"{HOSTILE_UNUSABLE}[infinity]",
@@ -625,8 +628,9 @@ MUTANTS = [
     Mutant(
         "beyond seed: instability's spread always between minutes",
         "lossspike/detectors.py",
+        "    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n"
         "    scale = np.nan_to_num(np.where(np.isfinite(within), within, between))",
-        "    scale = np.nan_to_num(between)",
+        "    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n    scale = np.nan_to_num(between)",
         DETECTOR_PROPERTIES,
     ),
     Mutant(
@@ -650,16 +654,17 @@ MUTANTS = [
     Mutant(
         "beyond seed: newest attempt ties go to the smaller UID",
         "lossspike/minutes.py",
-        "    order = np.lexsort((attempt, times, run))",
-        "    order = np.lexsort((-attempt, times, run))",
-        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric", *CHECK_PROPERTIES],
+        "    order = np.lexsort((attempt, seq, times, run))",
+        "    order = np.lexsort((-attempt, seq, times, run))",
+        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: newest attempt from the loss samples only",
         "lossspike/minutes.py",
-        '    chosen = newest_attempt(run, hour_codes, micros(hour_rows, "sample_at"), size)',
-        '    chosen = newest_attempt(run, hour_codes, micros(hour_rows, "last_loss_at"), size)',
-        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_sample_of_any_metric", *CHECK_PROPERTIES],
+        "    chosen = newest_attempt(run, hour_codes, attempt_keys, size)",
+        '    loss_keys = attempt_key(micros(hour_rows, "last_loss_at"), micros(hour_rows, "sample_at"))\n'
+        "    chosen = newest_attempt(run, hour_codes, loss_keys, size)",
+        [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: checks read every attempt",
@@ -823,8 +828,8 @@ MUTANTS = [
     Mutant(
         "beyond seed: a check's row takes the loss row's overrides",
         "lossspike/evaluate.py",
-        "            scoped = by_check[check].get(key, plain)",
-        "            scoped = policy",
+        "            scoped = finished_policy(phases[i], by_check[check].get(key, plain))",
+        "            scoped = finished_policy(phases[i], policies[i])",
         [f"{CHECKS}::test_a_checks_threshold_comes_from_its_scoped_override_row", *CHECK_PROPERTIES],
     ),
     # --- issue 27: the edges the property tests rarely draw, each with an example test ---
@@ -845,8 +850,8 @@ MUTANTS = [
     Mutant(
         "issue 27: raw read: a history block counts NaN rows and other attempts' rows",
         "lossspike/sql.py",
-        '"loss_finite": f"COUNT({judged(\'loss_value\')})",',
-        '"loss_finite": "COUNT(*)",',
+        '"loss_finite": f"COUNT({judged(\'loss_value\')})",\n        "loss_sum": f"SUM(',
+        '"loss_finite": "COUNT(*)",\n        "loss_sum": f"SUM(',
         [f"{DETECTORS}::test_a_history_block_counts_only_the_judged_attempts_finite_losses"],
     ),
     Mutant(
@@ -873,16 +878,19 @@ MUTANTS = [
     Mutant(
         "issue 27: backtest: newest-attempt ties go to the smaller UID",
         "lossspike/backtest.py",
-        "better = (times[group] >= best[run[group]]) & (times[group] != minutes.NO_TIME)",
-        "better = (times[group] > best[run[group]]) & (times[group] != minutes.NO_TIME)",
+        "((mine == best[owner]) & (seq[group] >= best_seq[owner]))",
+        "((mine == best[owner]) & (seq[group] > best_seq[owner]))",
         ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
     ),
     Mutant(
         "issue 27: backtest: the loss windows' attempt ties go to the smaller UID (the checks' stay right)",
         "lossspike/backtest.py",
-        "        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)\n",
-        "        sampled = np.maximum.accumulate(sampled.reshape(shape), axis=1)\n"
-        "        sampled = np.where(sampled != minutes.NO_TIME, sampled - group_code[mine][:, None], sampled)\n",
+        "        chosen = _chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk))\n",
+        # A seq falling with the attempt: a tie keeps the first (smaller) attempt.
+        "        chosen = _chosen_groups(\n"
+        "            group_run[mine] - chunk.start, keys_at, len(chunk),"
+        " np.broadcast_to(-np.arange(len(mine))[:, None], keys_at.shape)\n"
+        "        )\n",
         ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
     ),
     Mutant(
@@ -925,8 +933,10 @@ MUTANTS = [
     Mutant(
         "issue 27: backtest checks: an evaluation is fresh for one minute, not thirty",
         "lossspike/backtest.py",
-        "self.tick_micros[tick] - EVAL_FRESH_MINUTES * minutes.MICROS_PER_MINUTE",
-        "self.tick_micros[tick] - minutes.MICROS_PER_MINUTE",
+        # The freshness is now EvalSeries.as_of's, shared with evaluate: the backtest's series
+        # dates each evaluation 29 minutes early, so only one a minute old is fresh there.
+        "start[rows].tolist(), values[rows].tolist(), eval_at[rows].tolist()",
+        "start[rows].tolist(), values[rows].tolist(), (eval_at[rows] - 29 * minutes.MICROS_PER_MINUTE).tolist()",
         [BACKTEST_CHECKS],
     ),
 ]
