@@ -88,8 +88,9 @@ MUTANTS = [
     Mutant(
         "pending: loss_jump's earlier ticks read now's hour",
         "lossspike/evaluate.py",
-        "            stop = runs.floors.shape[1] - k",
-        "            stop = runs.floors.shape[1]",
+        "runs.floors[:, width - k - hour : width - k],\n"
+        "            runs.floor_counts[:, width - k - hour : width - k],",
+        "runs.floors[:, width - hour : width],\n            runs.floor_counts[:, width - hour : width],",
         [f"{CHECKS}::test_a_sustained_one_nat_jump_pages_loss_jump_once_it_held_the_period", *CHECK_PROPERTIES],
     ),
     Mutant(
@@ -102,8 +103,8 @@ MUTANTS = [
     Mutant(
         "loss_jump: the baseline level is its lowest minute floor",
         "lossspike/checks.py",
-        "return float(np.median(recent)), float(np.median(base))",
-        "return float(np.median(recent)), float(np.min(base))",
+        "return median(kept[..., split:]), median(kept[..., :split])",
+        "return median(kept[..., split:]), np.nanmin(kept[..., :split], axis=-1)",
         [f"{CHECKS}::test_loss_jump_is_not_set_off_by_one_easy_batch_in_the_baseline", *CHECK_PROPERTIES],
     ),
     # --- the bugs ---
