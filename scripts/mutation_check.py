@@ -34,6 +34,7 @@ HYPOTHESIS_SEED = "12"
 SKIP = {".git", ".venv", ".tools", ".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__", "lossspike.egg-info"}
 
 PROPERTIES = ["tests/test_properties.py"]
+EMPTY_RUN_ID = "tests/test_hostile.py::test_an_empty_run_id_is_never_enrolled_whatever_the_pattern"
 HOSTILE_UNUSABLE = "tests/test_hostile.py::test_an_unusable_override_row_pages_every_run_it_could_match_and_says_so"
 HOSTILE_ARGUMENTS = "tests/test_hostile.py::test_arguments_out_of_range_are_usage_errors_naming_the_range"
 INDEXED = "tests/test_overrides.py::test_indexed_matching_equals_trying_every_pattern"
@@ -290,7 +291,7 @@ MUTANTS = [
         "lossspike/sql.py",
         """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", "run_id <> ''", runs]""",
         """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", runs]""",
-        ["tests/test_rollup.py", "tests/test_backtest.py"],
+        ["tests/test_rollup.py", "tests/test_backtest.py", EMPTY_RUN_ID],
     ),
     Mutant(
         "the newest loss time ignores NaN losses",

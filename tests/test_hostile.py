@@ -1068,3 +1068,30 @@ def test_a_database_from_the_previous_release_takes_check_rows(tmp_path):
     with duckdb.connect(str(path), read_only=True) as connection:
         got = connection.execute("SELECT reason, baseline_samples, observed FROM loss_spike_alerts").fetchall()
     assert got == [("grad_norm_high", None, 3.5)]
+
+
+def test_an_empty_run_id_is_never_enrolled_whatever_the_pattern():
+    """SPEC "Enrollment": a run needs a non-empty run_id. A pattern of `%` matches '' in SQL's LIKE
+    (https://cloud.google.com/bigquery/docs/reference/standard-sql/operators#like_operator: `%`
+    matches any number of characters, none included), so only the filter keeps it out: else its
+    row would look like the fleet row. The tick and the backtest alike."""
+    from conftest import evaluate_samples, seed_settings, store_with
+
+    from lossspike.backtest import backtest, tick_times
+    from lossspike.settings import Settings
+    from lossspike.sql import Selection
+
+    samples = [
+        Sample(NOW - timedelta(seconds=10 * k + 5), 2.0 + 0.01 * (k % 3), run_id, cluster="c1")
+        for run_id in ("", "hero-a")
+        for k in range(300)
+    ]
+    everything = Selection(run_pattern="%")
+    rows = evaluate_samples(samples, seed_settings(selection=everything))
+    assert [row["run"] for row in rows] == ["hero-a"]
+    defaults = evaluate_samples(samples, Settings(selection=everything))
+    assert {row["run"] for row in defaults} == {"hero-a"}
+    [result] = backtest(
+        store_with(samples), seed_settings(selection=everything), tick_times(NOW - timedelta(minutes=2), NOW)
+    )
+    assert [(history.cluster, history.run) for history in result.runs] == [("c1", "hero-a")]
