@@ -394,22 +394,25 @@ def tick_runs(
     history_peak = np.full((size, blocks), -np.inf)
     previous_n = np.zeros((size, blocks))
     previous_sum = np.zeros((size, blocks))
+
+    def block_of(rows: pa.Table, owner: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """The (run, block) cell of each history row and which rows fall in the horizon's blocks."""
+        age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
+        position = blocks - 1 - (age - 1) // block_minutes
+        keep = (position >= 0) & (position < blocks)
+        return (owner[keep], position[keep]), keep
+
     rows, owner = rows_of("history", False, ["minute", "loss_finite", "loss_sum"], previous)
     if rows.num_rows and blocks:
-        age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
-        position = blocks - 1 - (age - 1) // block_minutes
-        keep = (position >= 0) & (position < blocks)
-        np.add.at(previous_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
-        np.add.at(previous_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
+        cell, keep = block_of(rows, owner)
+        np.add.at(previous_n, cell, filled(rows, "loss_finite", 0, np.float64)[keep])
+        np.add.at(previous_sum, cell, filled(rows, "loss_sum", 0.0, np.float64)[keep])
     rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum", "loss_peak"])
     if rows.num_rows and blocks:
-        age = (now_us - hour * MICROS_PER_MINUTE - micros(rows, "minute")) // MICROS_PER_MINUTE
-        position = blocks - 1 - (age - 1) // block_minutes
-        keep = (position >= 0) & (position < blocks)
-        np.add.at(history_n, (owner[keep], position[keep]), filled(rows, "loss_finite", 0, np.float64)[keep])
-        np.add.at(history_sum, (owner[keep], position[keep]), filled(rows, "loss_sum", 0.0, np.float64)[keep])
-        peaks = filled(rows, "loss_peak", -np.inf, np.float64)[keep]
-        np.maximum.at(history_peak, (owner[keep], position[keep]), peaks)
+        cell, keep = block_of(rows, owner)
+        np.add.at(history_n, cell, filled(rows, "loss_finite", 0, np.float64)[keep])
+        np.add.at(history_sum, cell, filled(rows, "loss_sum", 0.0, np.float64)[keep])
+        np.maximum.at(history_peak, cell, filled(rows, "loss_peak", -np.inf, np.float64)[keep])
 
     rows, owner = rows_of("checks", True, ["minute", *(c for c in table.column_names if c.startswith(_DENSE_PREFIXES))])
     checks = _check_metrics(rows, owner, size)
