@@ -8,7 +8,6 @@ threshold is worse than one that refuses to start.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
@@ -113,26 +112,6 @@ def _window_minutes(value: str) -> int:
     return number
 
 
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise ValueError("must be an integer >= 0") from None
-    if number < 0:
-        raise ValueError("must be an integer >= 0")
-    return number
-
-
-def _non_negative_float(value: str) -> float:
-    try:
-        number = float(value.strip())
-    except ValueError:
-        raise ValueError("must be a finite number >= 0") from None
-    if not math.isfinite(number) or number < 0:
-        raise ValueError("must be a finite number >= 0")
-    return number
-
-
 def _threshold(key: str) -> Callable[[str], Any]:
     """The parser of one threshold, by its range in rule.THRESHOLD_RANGES (the one definition)."""
     accepted = THRESHOLD_RANGES[key]
@@ -185,18 +164,6 @@ def _names(options: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
         return tuple(name for name in options if name in listed)
 
     return parse
-
-
-def _optional_float(value: str) -> float | None:
-    if not value.strip():
-        return None
-    try:
-        number = float(value.strip())
-    except ValueError:
-        raise ValueError("must be a finite number, or empty for unset") from None
-    if not math.isfinite(number):
-        raise ValueError("must be a finite number, or empty for unset")
-    return number
 
 
 def _bool(value: str) -> bool:
