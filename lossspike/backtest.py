@@ -486,6 +486,7 @@ def _histories(
     phase_times = minutes.micros(buckets, "phase_last_at")
     # The rows that choose a run's attempt (SPEC "Attempts"): its loss and phase rows.
     choosing_times = np.maximum(loss_times, phase_times)
+    choosing_seq = minutes.choosing_seqs(buckets)
     has_phase = bool((phase_times != minutes.NO_TIME).any())
     # One key per (run, attempt), ordered by run then attempt (a 2-D unique sorts rows far slower).
     span = int(codes.max()) + 1
@@ -512,16 +513,17 @@ def _histories(
         loss = np.bincount(cells, counts["loss"][rows], size).astype(np.int64).reshape(shape)
         not_finite = np.bincount(cells, counts["not_finite"][rows], size).astype(np.int64).reshape(shape)
         keys_at = _attempt_keys(cells, rows, sample_times, choosing_times, shape, ends, tick_minutes, t)
+        seq_at = _choosing_seq_at(cells, rows, choosing_times, choosing_seq, shape, ends, tick_minutes, t)
         seed = _seed_windows(grid, loss, not_finite, ends, t)
         run_windows = _run_windows(runs, ends, t)
-        chosen = _chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk))
+        chosen = _chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk), seq_at)
         phases = _phases(buckets, cells, rows, shape, loss, ends, t, chosen) if has_phase else {}
         policies = [_policies(overrides, keys[index], ticks, t) for index in chunk]
         verdicts = _seed_verdicts(seed, run_windows, chosen, policies, tick_minutes * minutes.MICROS_PER_MINUTE)
         previous = None
         if RESUME_JUMP in enabled:
             held = _window_sum((grid.n > 0).astype(np.int64), ends - t.baseline_minutes, ends)
-            previous = _previous_groups(group_run[mine] - chunk.start, keys_at, held, chosen)
+            previous = _previous_groups(group_run[mine] - chunk.start, keys_at, held, chosen, seq_at)
         found = _detections(grid, loss, ends, t, enabled, verdicts, chosen, previous)
         for offset, index in enumerate(chunk):
             histories.append(
@@ -610,6 +612,37 @@ def _attempt_keys(
         return np.where(at >= start_us, at, minutes.NO_TIME)
 
     return minutes.attempt_key(newest_in_hour(choosing_times), newest_in_hour(sample_times))
+
+
+def _choosing_seq_at(
+    cells: np.ndarray,
+    rows: np.ndarray,
+    choosing_times: np.ndarray,
+    choosing_seq: np.ndarray,
+    shape: tuple[int, int],
+    ends: np.ndarray,
+    tick_minutes: np.ndarray,
+    t: Thresholds,
+) -> np.ndarray:
+    """Per (run, attempt) grid row and tick, the seq of the loss or phase row that gives the row
+    its attempt_key in the tick's hour (the larger where buckets share that instant), 0 without
+    one: what the tick's read merges into choosing_seq."""
+    size = shape[0] * shape[1]
+    mine = choosing_times[rows]
+    best = np.full(size, minutes.NO_TIME, dtype=np.int64)
+    np.maximum.at(best, cells, mine)
+    hit = (mine == best[cells]) & (mine != minutes.NO_TIME)
+    # A seq may be negative (Finelog's migrated rows): a cell's is the largest of its newest rows.
+    seq = np.full(size, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(seq, cells[hit], choosing_seq[rows][hit])
+    best, seq = best.reshape(shape), seq.reshape(shape)
+    # A clock minute's rows are later than every earlier minute's: a tick's newest is in its last
+    # slot that has one.
+    slot = np.maximum.accumulate(np.where(best != minutes.NO_TIME, np.arange(shape[1]), -1), axis=1)[:, ends - 1]
+    at = np.take_along_axis(best, np.maximum(slot, 0), axis=1)
+    start_us = (tick_minutes - t.baseline_minutes) * minutes.MICROS_PER_MINUTE
+    kept = (slot >= 0) & (at >= start_us)
+    return np.where(kept, np.take_along_axis(seq, np.maximum(slot, 0), axis=1), 0)
 
 
 def _chosen_groups(run: np.ndarray, times: np.ndarray, size: int, seq: np.ndarray | None = None) -> np.ndarray:
@@ -712,19 +745,25 @@ def _apply_phases(
             history.policies[tick] = policy
 
 
-def _previous_groups(run: np.ndarray, keys_at: np.ndarray, held: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+def _previous_groups(
+    run: np.ndarray, keys_at: np.ndarray, held: np.ndarray, chosen: np.ndarray, seq: np.ndarray | None = None
+) -> np.ndarray:
     """Per run and tick, the grid row of the previous attempt (resume_jump's reference): of the
     run's attempts other than the chosen one that held a level (`held`: minutes of the hour with
     a finite loss, at least minutes.RESUME_PREVIOUS_MINUTES), the one whose attempt_key in the
-    tick's hour (`keys_at`, as _attempt_keys gives them) is newest, ties to the larger attempt;
-    -1 where there is none."""
+    tick's hour (`keys_at`, as _attempt_keys gives them) is newest, ties to the larger `seq`
+    (as _choosing_seq_at gives them), then to the larger attempt; -1 where there is none."""
     times = np.where(held >= minutes.RESUME_PREVIOUS_MINUTES, keys_at, minutes.NO_TIME)
+    seq = np.zeros(times.shape, dtype=np.int64) if seq is None else seq
     best = np.full(chosen.shape, minutes.NO_TIME, dtype=np.int64)
+    best_seq = np.zeros(chosen.shape, dtype=np.int64)
     previous = np.full(chosen.shape, -1, dtype=np.int64)
     for group in range(len(run)):
         mine = run[group]
-        better = (times[group] >= best[mine]) & (times[group] != minutes.NO_TIME) & (chosen[mine] != group)
+        later = (times[group] > best[mine]) | ((times[group] == best[mine]) & (seq[group] >= best_seq[mine]))
+        better = later & (times[group] != minutes.NO_TIME) & (chosen[mine] != group)
         best[mine] = np.where(better, times[group], best[mine])
+        best_seq[mine] = np.where(better, seq[group], best_seq[mine])
         previous[mine] = np.where(better, group, previous[mine])
     return previous
 
@@ -1459,8 +1498,8 @@ def _newest_attempts(
     buckets: pa.Table, wanted: set[tuple[str, str]], ticks: list[datetime], t: Thresholds
 ) -> dict[tuple[str, str], list[Any]]:
     """Per run in `wanted`, per tick: the attempt (execution UID) of its newest loss or phase
-    row of the hour (minutes.attempt_key), ties to the larger UID (NULL below every UID), as
-    the tick's checks read it."""
+    row of the hour (minutes.attempt_key), ties to the larger seq, then the larger UID (NULL
+    below every UID), as the tick's checks read it."""
     import pyarrow.compute as pc
 
     runs = pa.array(sorted({run for _, run in wanted}), type=pa.string())
@@ -1492,7 +1531,17 @@ def _newest_attempts(
         tick_minutes,
         t,
     )
-    chosen = _chosen_groups(pairs[0], times, len(keys))
+    seq_at = _choosing_seq_at(
+        group * width + slot[inside],
+        at,
+        choosing,
+        minutes.choosing_seqs(table),
+        (pairs.shape[1], width),
+        ends,
+        tick_minutes,
+        t,
+    )
+    chosen = _chosen_groups(pairs[0], times, len(keys), seq_at)
     names: list[Any] = [None, *ranked]
     out = {}
     for index, key in enumerate(keys):

@@ -344,6 +344,7 @@ def tick_runs(
     # Each part's rows keep only the part's columns: the read is wide and mostly NULL.
     loss_columns = [c for c in table.column_names if c.startswith("loss_")]
     hour_columns = ["minute", "sample_at", *loss_columns, "last_loss_at", "job", "job_at", *PHASE_COLUMNS]
+    hour_columns += [c for c in ("choosing_seq",) if c in table.column_names]
     hour_rows = table.select(hour_columns).filter(pa.array(in_hour))
     keys, owners = run_keys(table, in_hour)
     run = owners[in_hour]
@@ -351,14 +352,15 @@ def tick_runs(
     codes = attempt_codes(table)
     hour_codes = codes[in_hour]
     attempt_keys = bucket_attempt_keys(hour_rows)
-    chosen = newest_attempt(run, hour_codes, attempt_keys, size)
+    seq = choosing_seqs(hour_rows)
+    chosen = newest_attempt(run, hour_codes, attempt_keys, size, seq)
     judged = np.ones(len(run), dtype=bool) if attempts == "all" else hour_codes == chosen[run]
     # The previous attempt: among the others that held a level (RESUME_PREVIOUS_MINUTES minutes
     # with a finite loss in the hour), the one whose newest row of the hour is newest.
     slots = _slots(hour_rows, now_us, hour)
     held = _minutes_held(run, hour_codes, slots, filled(hour_rows, "loss_finite", 0, np.int64) > 0)
     others = (hour_codes != chosen[run]) & (held >= RESUME_PREVIOUS_MINUTES)
-    previous = newest_attempt(run[others], hour_codes[others], attempt_keys[others], size)
+    previous = newest_attempt(run[others], hour_codes[others], attempt_keys[others], size, seq[others])
     if attempts == "all":
         previous[:] = -1
     earlier = (hour_codes == previous[run]) & (previous[run] >= 0)
@@ -463,6 +465,14 @@ def bucket_attempt_keys(table: pa.Table) -> np.ndarray:
     """Each bucket's attempt_key: its newest loss or phase row, else its newest row."""
     choosing = np.maximum(micros(table, "last_loss_at"), micros(table, "phase_last_at"))
     return attempt_key(choosing, micros(table, "sample_at"))
+
+
+def choosing_seqs(table: pa.Table) -> np.ndarray:
+    """Each bucket's choosing_seq (the seq of the row giving its attempt key), 0 where NULL:
+    a table without seq, or a bucket whose key is the fallback of any row."""
+    if "choosing_seq" not in table.column_names:
+        return np.zeros(table.num_rows, dtype=np.int64)
+    return filled(table, "choosing_seq", 0, np.int64)
 
 
 def phase_states(

@@ -63,6 +63,8 @@ class Dialect:
     from_millis: str = ""
     # ...and the epoch milliseconds of the timestamp {} (a view's literal lower bound).
     millis_of: str = ""
+    # ...and the epoch microseconds of the timestamp {} (the time half of a seq tie key).
+    micros_of: str = ""
 
 
 BIGQUERY = Dialect(
@@ -90,6 +92,8 @@ BIGQUERY = Dialect(
     from_millis="TIMESTAMP_MILLIS({})",
     # https://cloud.google.com/bigquery/docs/reference/standard-sql/timestamp_functions#unix_millis
     millis_of="UNIX_MILLIS({})",
+    # https://cloud.google.com/bigquery/docs/reference/standard-sql/timestamp_functions#unix_micros
+    micros_of="UNIX_MICROS({})",
 )
 
 DUCKDB = Dialect(
@@ -117,6 +121,7 @@ DUCKDB = Dialect(
     # takes float seconds, which can round a millisecond's microseconds).
     from_millis="make_timestamptz(CAST({} AS BIGINT) * 1000)",
     millis_of="epoch_ms({})",
+    micros_of="epoch_us({})",
 )
 
 DIALECTS = {d.name: d for d in (BIGQUERY, DUCKDB)}
@@ -453,11 +458,50 @@ MINUTE_TYPES = {
     "phase_last": "FLOAT64",
     "phase_last_at": "TIMESTAMP",
     "phase_first_at": "TIMESTAMP",
+    # The seq of the bucket's newest loss or phase row (the row that gives it its attempt key),
+    # the larger one where rows share that instant; NULL where the table has no seq (read as 0).
+    "choosing_seq": "INT64",
 }
 MINUTE_COLUMNS = tuple(MINUTE_TYPES)
 _BUCKET_KEYS = MINUTE_COLUMNS[:6]
 _LOSS_COLUMNS = MINUTE_COLUMNS[8:16]
 PHASE_COLUMNS = ("phase_last", "phase_last_at", "phase_first_at")
+
+
+# Digits of a non-negative INT64: a tie key's parts compare as strings of one width.
+_KEY_DIGITS = 19
+
+
+def seq_tie_key(dialect: Dialect, time: str, seq: str) -> str:
+    """A STRING ordering rows by (time, seq), for MAX_BY: BigQuery's MAX_BY takes one orderable
+    key and a STRUCT is not orderable, so both are zero-padded digits. `time` is a non-negative
+    integer; `seq` any INT64: Finelog gives migrated rows a negative seq (facts section 2), which
+    sorts below '1' and every non-negative one as the nines' complement of |seq| - 1 (no sum
+    overflows, whichever branch an engine evaluates)."""
+    del dialect  # LPAD, CAST AS STRING, TRANSLATE and CONCAT are spelled alike in both engines
+
+    def padded(value: str) -> str:
+        return f"LPAD(CAST({value} AS STRING), {_KEY_DIGITS}, '0')"
+
+    negative = f"CONCAT('0', TRANSLATE({padded(f'-(LEAST({seq}, -1) + 1)')}, '0123456789', '9876543210'))"
+    ordered = f"CASE WHEN {seq} < 0 THEN {negative} ELSE CONCAT('1', {padded(seq)}) END"
+    return f"CONCAT({padded(time)}, {ordered})"
+
+
+def _row_time_integer(dialect: Dialect, shape: TelemetryShape) -> str:
+    """A row's time as an exact integer for a tie key: the stored epoch milliseconds, or a
+    timestamp's epoch microseconds (one bucket's rows are all of one shape)."""
+    if shape.time_column == "timestamp":
+        return dialect.micros_of.format("timestamp")
+    return shape.time_column
+
+
+def _choosing_seq_merged(dialect: Dialect) -> str:
+    """The aggregate merging buckets' choosing_seq: the one of the bucket whose loss or phase row
+    is newest, then the larger seq (what one bucket of all their rows would hold)."""
+    d = dialect
+    at = "GREATEST(COALESCE(last_loss_at, phase_last_at), COALESCE(phase_last_at, last_loss_at))"
+    return d.newest.format("choosing_seq", seq_tie_key(d, d.micros_of.format(at), "COALESCE(choosing_seq, 0)"))
 
 
 def _phase_merged(dialect: Dialect) -> dict[str, str]:
@@ -560,6 +604,14 @@ def minute_buckets(
     columns["phase_last"] = d.newest.format(when(phase, "value"), when(phase, t))
     columns["phase_last_at"] = f"MAX({when(phase, t)})"
     columns["phase_first_at"] = f"MIN({when(phase, t)})"
+    if shape.has_seq:
+        chooses = f"({is_loss} OR {phase})"
+        row_seq = "COALESCE(seq, 0)"
+        key = seq_tie_key(d, _row_time_integer(d, shape), row_seq)
+        columns["choosing_seq"] = d.newest.format(when(chooses, row_seq), when(chooses, key))
+    else:
+        # An aggregate, like every other column of the view.
+        columns["choosing_seq"] = f"MAX(CAST(NULL AS {d.types.get('INT64', 'INT64')}))"
     listed = ",\n  ".join(f"{expression} AS {name}" for name, expression in columns.items())
     conditions = "\n  AND ".join(kept)
     return f"""SELECT
@@ -610,6 +662,15 @@ def loss_buckets(
     # The raw cluster is the key, named after the reduction: a string computed per group, not
     # per row. Each reader regroups by the named cluster, merging the spellings of `unknown`.
     keys = ["cluster", "run_id", "execution_uid", f"{index} AS bucket_minute", as_timestamp(d, shape), "job_id"]
+    # Where the table has seq: each choosing row's seq and its (time, seq) tie key.
+    row_seq = "COALESCE(seq, 0)"
+    seq_key = seq_tie_key(d, _row_time_integer(d, shape), row_seq)
+    loss_seq = [f"{row_seq} AS row_seq", f"{seq_key} AS seq_key"] if shape.has_seq else []
+    phase_seq = (
+        [f"{d.if_.format(is_phase, row_seq)} AS row_seq", f"{d.if_.format(is_phase, seq_key)} AS seq_key"]
+        if shape.has_seq
+        else []
+    )
     losses = _raw_rows(
         d,
         table,
@@ -620,6 +681,7 @@ def loss_buckets(
             f"{d.if_.format(finite, 'TRUNC(value)')} AS bucket_base",
             # The finite losses; NULL elsewhere, which every aggregate below skips.
             f"{d.if_.format(finite, 'value')} AS loss_value",
+            *loss_seq,
         ],
         f"{time_between(d, shape, params, start, end)}\n    AND name = {p('metric')}",
         shape,
@@ -634,6 +696,7 @@ def loss_buckets(
             *([k for k in keys if not k.endswith(" AS bucket_minute")] if whole_window_others else keys),
             f"{d.if_.format(is_phase, 'value')} AS phase_value",
             f"{d.if_.format(is_phase, t)} AS phase_at",
+            *phase_seq,
         ],
         f"{time_between(d, shape, params, start, end)}\n    AND (name IS NULL OR name <> {p('metric')})",
         shape,
@@ -671,6 +734,8 @@ def loss_buckets(
         return f"CAST(NULL AS {d.types.get(kind, kind)})"
 
     loss_columns.update({c: typed_null(c) for c in PHASE_COLUMNS})
+    choosing_seq = d.newest.format("row_seq", "seq_key") if shape.has_seq else typed_null("choosing_seq")
+    loss_columns["choosing_seq"] = choosing_seq
 
     other_keys = "cluster, run_id, execution_uid, bucket_minute, job_id"
     others_shared = shared
@@ -693,6 +758,7 @@ def loss_buckets(
         "phase_last": d.newest.format("phase_value", "phase_at"),
         "phase_last_at": "MAX(phase_at)",
         "phase_first_at": "MIN(phase_at)",
+        "choosing_seq": choosing_seq,
     }
 
     def listed(columns: dict[str, str]) -> str:
@@ -844,7 +910,8 @@ def bucket_groups_query(
   {loss},
   {d.newest.format("job", "job_at")} AS job,
   MAX(job_at) AS job_at,
-  {phase}
+  {phase},
+  {_choosing_seq_merged(d)} AS choosing_seq
 FROM {source}
 GROUP BY run_cluster, run_id, execution_uid, minute, loss_base"""
     return _query(d, sql, params)
@@ -1017,6 +1084,7 @@ def _view_parts(
             "job": d.newest.format("job", "job_at"),
             "job_at": "MAX(job_at)",
             **_phase_merged(d),
+            "choosing_seq": _choosing_seq_merged(d),
         },
     )
     parts = [hour]
@@ -1256,6 +1324,7 @@ def _raw_read(
         "job": d.newest.format("job", "job_at"),
         "job_at": "MAX(job_at)",
         **_phase_merged(d),
+        "choosing_seq": _choosing_seq_merged(d),
     }
     parts = [
         f"SELECT\n    {_part(d, HOUR_PART, hour)}\n  FROM buckets"

@@ -22,7 +22,9 @@ from lossspike.sql import BIGQUERY, Query
 # GoogleSQL function names, from "All functions" of the GoogleSQL for BigQuery reference
 # (https://cloud.google.com/bigquery/docs/reference/standard-sql/functions-all) and its
 # mathematical-functions page, plus ROW_NUMBER from its numbering functions
-# (https://cloud.google.com/bigquery/docs/reference/standard-sql/numbering_functions).
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/numbering_functions), and LPAD and
+# TRANSLATE from its string functions
+# (https://cloud.google.com/bigquery/docs/reference/standard-sql/string_functions).
 # Only names, not signatures: a subset wide enough for what a
 # tick, a backtest, a write or a rollup plausibly calls; add a name when a statement needs it
 # (after checking it on that page).
@@ -32,12 +34,12 @@ GOOGLESQL_FUNCTIONS = frozenset(
     ARRAY_LENGTH ARRAY_TO_STRING AVG BIT_AND BIT_OR CAST CEIL CEILING COALESCE CONCAT COUNT
     COUNTIF CURRENT_DATE CURRENT_TIMESTAMP DATE DATE_ADD DATE_DIFF DATE_SUB DATE_TRUNC DIV
     ENDS_WITH EXP EXTRACT FLOOR FORMAT FORMAT_TIMESTAMP GENERATE_ARRAY GENERATE_TIMESTAMP_ARRAY
-    GREATEST IEEE_DIVIDE IF IFNULL IS_INF IS_NAN LEAST LENGTH LN LOG LOG10 LOGICAL_AND
+    GREATEST IEEE_DIVIDE IF IFNULL IS_INF IS_NAN LEAST LENGTH LN LOG LOG10 LOGICAL_AND LPAD
     LOGICAL_OR LOWER MAX MAX_BY MIN MIN_BY MOD NULLIF PARSE_TIMESTAMP POW POWER RAND
     RANGE_BUCKET REGEXP_CONTAINS REPLACE ROUND ROW_NUMBER SAFE_ADD SAFE_CAST SAFE_DIVIDE SAFE_MULTIPLY
     SAFE_NEGATE SAFE_SUBTRACT SIGN SPLIT SQRT STARTS_WITH STDDEV STDDEV_POP STDDEV_SAMP
     STRING STRING_AGG STRUCT SUBSTR SUM TIMESTAMP TIMESTAMP_ADD TIMESTAMP_DIFF
-    TIMESTAMP_MICROS TIMESTAMP_MILLIS TIMESTAMP_SECONDS TIMESTAMP_SUB TIMESTAMP_TRUNC TRIM
+    TIMESTAMP_MICROS TIMESTAMP_MILLIS TIMESTAMP_SECONDS TIMESTAMP_SUB TIMESTAMP_TRUNC TRANSLATE TRIM
     TRUNC UNIX_MICROS UNIX_MILLIS UNIX_SECONDS UNNEST UPPER VAR_POP VAR_SAMP VARIANCE
     """.split()  # noqa: SIM905 (a word list reads better than 100 quoted strings)
 )

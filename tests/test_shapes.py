@@ -178,3 +178,60 @@ def test_a_window_bound_between_milliseconds_keeps_the_rows_the_instant_bound_ke
         want = want or got
         assert got == want, name
     assert want[0]["baseline_samples"] > 0 and want[0]["recent_peak"] == 2.0
+
+
+# --- seq breaks a tie between attempts ---------------------------------------------------------
+
+# The newest loss rows of two attempts share one instant: the smaller UID's was written later.
+TIE_AT = NOW - timedelta(seconds=12)
+SMALLER, LARGER = "iris:0:attempt:0", "iris:0:attempt:1"
+# (smaller UID's seq, larger UID's seq) at the tie: new rows, and migrated ones, whose seq Finelog
+# takes from a negative range (../shared/levanter-telemetry-facts.md section 2, MIGRATED_SEQ_START).
+TIE_SEQS = [(10**6, 5), (-3, -9)]
+
+
+def seq_tie_samples() -> list[Sample]:
+    """A healthy attempt (the larger UID) logging every 10 s for the hour, and one spike of the
+    smaller UID at its newest instant."""
+    steady = [
+        Sample(TIE_AT - timedelta(seconds=10 * k), 2.0 + 0.001 * k, "hero-tie", execution_uid=LARGER)
+        for k in range(340)
+    ]
+    return whole_ms([*steady, Sample(TIE_AT, 9.0, "hero-tie", execution_uid=SMALLER)])
+
+
+def seq_tie_rows(shape: str, smaller_seq: int, larger_seq: int) -> list[dict]:
+    """The tie's rows in `shape`, the two newest loss rows given the seqs asked for."""
+    rows = shaped_rows(seq_tie_samples(), shape)
+    tie_ms = rows[-2]["timestamp_ms"]
+    for row in rows:
+        if row["timestamp_ms"] == tie_ms and row["name"] == "train_loss":
+            row["seq"] = smaller_seq if row["execution_uid"] == SMALLER else larger_seq
+    return rows
+
+
+def judged(rows: list[dict]) -> tuple:
+    [row] = [r for r in rows if r["metric"] is None]
+    return row["reason"], row["baseline_samples"], row["recent_samples"]
+
+
+# The smaller UID's attempt: its one loss is its newest minute (no baseline yet).
+SMALLER_JUDGED = ("warming_up", 0, 1)
+
+
+@pytest.mark.parametrize("seqs", TIE_SEQS)
+def test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant(seqs):
+    store = DuckDBStore(":memory:")
+    load_duckdb(store.connection, seq_tie_rows("levanter.metrics", *seqs), "levanter.metrics")
+    assert judged(evaluate(store, Settings(), NOW)) == SMALLER_JUDGED
+    ticks = tick_times(NOW - timedelta(minutes=5), NOW)
+    [result] = backtest(store, Settings(), ticks, detail=True)
+    for i, tick in enumerate(ticks):
+        assert_same(result.rows_at(i), evaluate(store, Settings(), tick), f"backtest at {tick:%H:%M}")
+
+
+def test_without_seq_the_tie_goes_to_the_larger_uid_as_before():
+    contract = stores(seq_tie_samples())["contract"]
+    assert not contract.telemetry_shape().has_seq
+    reason, baseline, recent = judged(evaluate(contract, Settings(), NOW))
+    assert reason == "healthy" and baseline > 250 and recent > 1

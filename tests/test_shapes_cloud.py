@@ -19,7 +19,7 @@ from conftest import NOW, store_with
 from servers import bigquery as bqserver
 from shapes import create_bigquery, insert_bigquery, shaped_rows, whole_ms
 from test_parity_cloud import THRESHOLDS, assert_same_rows, fleet
-from test_shapes import PROCESSES, slow_run
+from test_shapes import PROCESSES, SMALLER_JUDGED, TIE_SEQS, judged, seq_tie_rows, slow_run
 
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
@@ -79,3 +79,13 @@ def test_a_slow_run_published_by_64_processes_reads_as_one_process_does_on_bigqu
     every = replace(settings, selection=Selection(process="any"))
     [copies] = [r for r in evaluate(BigQueryStore(every, emulator), every, NOW) if r["metric"] is None]
     assert (copies["reason"], copies["baseline_samples"], copies["recent_samples"]) == ("spiking", 704, 64)
+
+
+@pytest.mark.parametrize("seqs", TIE_SEQS)
+def test_the_larger_seq_picks_the_attempt_on_bigquery_raw_and_from_the_view(emulator, seqs):
+    rows = seq_tie_rows("levanter.metrics", *seqs)
+    for view in (False, True):
+        settings = _deploy(emulator, "levanter.metrics", rows, view)
+        settings = replace(settings, thresholds=Settings().thresholds)
+        got = judged(evaluate(BigQueryStore(settings, emulator), settings, NOW))
+        assert got == SMALLER_JUDGED, f"{seqs} {'view' if view else 'raw'}"

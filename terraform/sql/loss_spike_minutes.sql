@@ -73,7 +73,8 @@ SELECT
   MAX(IF(name = '${router_bias_min_metric}' AND ABS(value) < 1e150, timestamp, NULL)) AS router_bias_min_last_finite_at,
   MAX_BY(IF(name = '${phase_metric}', value, NULL), IF(name = '${phase_metric}', timestamp, NULL)) AS phase_last,
   MAX(IF(name = '${phase_metric}', timestamp, NULL)) AS phase_last_at,
-  MIN(IF(name = '${phase_metric}', timestamp, NULL)) AS phase_first_at
+  MIN(IF(name = '${phase_metric}', timestamp, NULL)) AS phase_first_at,
+  MAX(CAST(NULL AS INT64)) AS choosing_seq
 FROM `${telemetry_table}`
 WHERE timestamp >= TIMESTAMP '${since}'
   AND service = '${service}'

@@ -73,7 +73,8 @@ SELECT
   MAX(IF(name = '${router_bias_min_metric}' AND ABS(value) < 1e150, TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS router_bias_min_last_finite_at,
   MAX_BY(IF(name = '${phase_metric}', value, NULL), IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_last,
   MAX(IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_last_at,
-  MIN(IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_first_at
+  MIN(IF(name = '${phase_metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS phase_first_at,
+  MAX_BY(IF((name = '${metric}' OR name = '${phase_metric}'), COALESCE(seq, 0), NULL), IF((name = '${metric}' OR name = '${phase_metric}'), CONCAT(LPAD(CAST(timestamp_ms AS STRING), 19, '0'), CASE WHEN COALESCE(seq, 0) < 0 THEN CONCAT('0', TRANSLATE(LPAD(CAST(-(LEAST(COALESCE(seq, 0), -1) + 1) AS STRING), 19, '0'), '0123456789', '9876543210')) ELSE CONCAT('1', LPAD(CAST(COALESCE(seq, 0) AS STRING), 19, '0')) END), NULL)) AS choosing_seq
 FROM `${telemetry_table}`
 WHERE timestamp_ms >= UNIX_MILLIS(TIMESTAMP '${since}')
   AND service = '${service}'
