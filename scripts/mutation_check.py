@@ -941,6 +941,14 @@ MUTANTS = [
         "start[rows].tolist(), values[rows].tolist(), (eval_at[rows] - 29 * minutes.MICROS_PER_MINUTE).tolist()",
         [BACKTEST_CHECKS],
     ),
+    # --- seq: Finelog's write order settles a tie of the newest rows' instants (issue 23) ---
+    Mutant(
+        "seq: the tick forgets which of two same-instant rows was written last",
+        "lossspike/minutes.py",
+        "    seq = choosing_seqs(hour_rows)\n",
+        "    seq = np.zeros(len(run), dtype=np.int64)\n",
+        ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],
+    ),
 ]
 
 
