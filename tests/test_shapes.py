@@ -187,7 +187,9 @@ TIE_AT = NOW - timedelta(seconds=12)
 SMALLER, LARGER = "iris:0:attempt:0", "iris:0:attempt:1"
 # (smaller UID's seq, larger UID's seq) at the tie: new rows, and migrated ones, whose seq Finelog
 # takes from a negative range (../shared/levanter-telemetry-facts.md section 2, MIGRATED_SEQ_START).
-TIE_SEQS = [(10**6, 5), (-3, -9)]
+# With a third seq, the smaller UID's loss row is written twice at that instant, first with that
+# seq (below the larger UID's): a bucket holding both must keep the larger.
+TIE_SEQS = [(10**6, 5), (-3, -9), (10**6, 5, 1)]
 
 
 def seq_tie_samples() -> list[Sample]:
@@ -200,13 +202,16 @@ def seq_tie_samples() -> list[Sample]:
     return whole_ms([*steady, Sample(TIE_AT, 9.0, "hero-tie", execution_uid=SMALLER)])
 
 
-def seq_tie_rows(shape: str, smaller_seq: int, larger_seq: int) -> list[dict]:
-    """The tie's rows in `shape`, the two newest loss rows given the seqs asked for."""
+def seq_tie_rows(shape: str, smaller_seq: int, larger_seq: int, written_first: int | None = None) -> list[dict]:
+    """The tie's rows in `shape`, the two newest loss rows given the seqs asked for (and the
+    smaller UID's written once before, with seq `written_first`, when given)."""
     rows = shaped_rows(seq_tie_samples(), shape)
     tie_ms = rows[-2]["timestamp_ms"]
     for row in rows:
         if row["timestamp_ms"] == tie_ms and row["name"] == "train_loss":
             row["seq"] = smaller_seq if row["execution_uid"] == SMALLER else larger_seq
+    if written_first is not None:
+        rows.insert(0, {**rows[-2], "seq": written_first})
     return rows
 
 
@@ -215,15 +220,16 @@ def judged(rows: list[dict]) -> tuple:
     return row["reason"], row["baseline_samples"], row["recent_samples"]
 
 
-# The smaller UID's attempt: its one loss is its newest minute (no baseline yet).
-SMALLER_JUDGED = ("warming_up", 0, 1)
+def smaller_judged(seqs: tuple) -> tuple:
+    """The smaller UID's attempt judged: its loss rows are its newest minute (no baseline yet)."""
+    return "warming_up", 0, len(seqs) - 1
 
 
 @pytest.mark.parametrize("seqs", TIE_SEQS)
 def test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant(seqs):
     store = DuckDBStore(":memory:")
     load_duckdb(store.connection, seq_tie_rows("levanter.metrics", *seqs), "levanter.metrics")
-    assert judged(evaluate(store, Settings(), NOW)) == SMALLER_JUDGED
+    assert judged(evaluate(store, Settings(), NOW)) == smaller_judged(seqs)
     ticks = tick_times(NOW - timedelta(minutes=5), NOW)
     [result] = backtest(store, Settings(), ticks, detail=True)
     for i, tick in enumerate(ticks):

@@ -19,7 +19,7 @@ from conftest import NOW, store_with
 from servers import bigquery as bqserver
 from shapes import create_bigquery, insert_bigquery, shaped_rows, whole_ms
 from test_parity_cloud import THRESHOLDS, assert_same_rows, fleet
-from test_shapes import PROCESSES, SMALLER_JUDGED, TIE_SEQS, judged, seq_tie_rows, slow_run
+from test_shapes import PROCESSES, TIE_SEQS, judged, seq_tie_rows, slow_run, smaller_judged
 
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
@@ -88,4 +88,4 @@ def test_the_larger_seq_picks_the_attempt_on_bigquery_raw_and_from_the_view(emul
         settings = _deploy(emulator, "levanter.metrics", rows, view)
         settings = replace(settings, thresholds=Settings().thresholds)
         got = judged(evaluate(BigQueryStore(settings, emulator), settings, NOW))
-        assert got == SMALLER_JUDGED, f"{seqs} {'view' if view else 'raw'}"
+        assert got == smaller_judged(seqs), f"{seqs} {'view' if view else 'raw'}"
