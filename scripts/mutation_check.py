@@ -949,6 +949,13 @@ MUTANTS = [
         "    seq = np.zeros(len(run), dtype=np.int64)\n",
         ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],
     ),
+    Mutant(
+        "seq: a bucket keeps the seq of any of its rows at its newest instant",
+        "lossspike/sql.py",
+        '    return f"CONCAT({padded(time)}, {ordered})"',
+        "    return f\"CONCAT({padded(time)}, '')\"",
+        ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],
+    ),
 ]
 
 
