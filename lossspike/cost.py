@@ -73,7 +73,8 @@ TELEMETRY_BYTES = {
 # The telemetry columns a tick reads beyond (or short of) the contract's, per table shape
 # (lossspike.schema.SHAPES, docs/data-contracts.md): levanter.metrics has no `service` and an INT64
 # process_index (8 B) and kind 'scalar' (8 B); telemetry_v1 a STRING process_index '0' (3 B) and kind
-# 'gauge' (7 B). timestamp_ms is 8 B like timestamp. The floor stays the contract's eight columns (SPEC).
+# 'gauge' (7 B). timestamp_ms is 8 B like timestamp, and both read the INT64 seq (8 B), which breaks
+# ties between attempts' newest rows. The floor stays the contract's eight columns (SPEC).
 SHAPE_COLUMN_BYTES = {
     "contract": TELEMETRY_BYTES,
     "levanter.metrics": {
@@ -81,12 +82,14 @@ SHAPE_COLUMN_BYTES = {
         "timestamp_ms": 8,
         "process_index": 8,
         "kind": 8,
+        "seq": 8,
     },
     "telemetry_v1": {
         **{k: v for k, v in TELEMETRY_BYTES.items() if k != "timestamp"},
         "timestamp_ms": 8,
         "process_index": 3,
         "kind": 7,
+        "seq": 8,
     },
 }
 # Rollup rows per run and minute: a bucket for the loss (1.2: a noisy loss near an integer
@@ -126,8 +129,9 @@ _KEYS = ("run_cluster", "run_id", "execution_uid", "minute")
 _SHARED = ("samples", "sample_at", "job", "job_at")
 
 
-def _role_bytes(role: str) -> dict[str, float]:
-    """The bytes of a view row of `role` in each column it holds (a NULL is 0 bytes)."""
+def _role_bytes(role: str, has_seq: bool = False) -> dict[str, float]:
+    """The bytes of a view row of `role` in each column it holds (a NULL is 0 bytes); with
+    `has_seq`, a loss row and an other row (the phase's) hold a choosing_seq."""
     sizes = {c: LOSS_ROW_BYTES[c] for c in _KEYS} | {"metric": 2 + len(role)}
     sizes |= {c: LOSS_ROW_BYTES.get(c, 8) for c in _SHARED}
     if role == "loss":
@@ -138,10 +142,21 @@ def _role_bytes(role: str) -> dict[str, float]:
         sizes |= {f"{k}_{p}": 8 for k in PUBLISHED_CHECK_KEYS for p in CHECK_PARTS}
         # Levanter's phase rides on the other metrics' bucket: its newest value and two times.
         sizes |= {c: 8 for c in PHASE_COLUMNS}
+    if has_seq and role in ("loss", ""):
+        sizes["choosing_seq"] = 8
     return sizes
 
 
 ROLE_BYTES = {role: _role_bytes(role) for role in ROLE_ROWS}
+# The same on a table with seq (SHAPE_COLUMN_BYTES names it).
+ROLE_BYTES_WITH_SEQ = {role: _role_bytes(role, has_seq=True) for role in ROLE_ROWS}
+
+
+def role_bytes(shape: str) -> dict[str, dict[str, float]]:
+    """The view's bytes per role and column for a telemetry table of `shape`."""
+    return ROLE_BYTES_WITH_SEQ if "seq" in SHAPE_COLUMN_BYTES[shape] else ROLE_BYTES
+
+
 # The mean bytes a rollup row holds in each column.
 ROLLUP_BYTES = {
     name: (LOSS_ROWS_PER_RUN_MINUTE * size + OTHER_ROWS_PER_RUN_MINUTE * (0 if name in _NULL_IN_OTHER_ROWS else size))
@@ -345,6 +360,7 @@ VIEW_READ_PARTS = (
             *(c for c in LOSS_ROW_BYTES if c.startswith("loss_")),
             "last_loss_at",
             *PHASE_COLUMNS,
+            "choosing_seq",
         ),
     ),
     ("checks", ("",), ("checks", 0), _CHECK_COLUMNS),
@@ -382,7 +398,8 @@ def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
         )
         read = roles if pruned else tuple(ROLE_ROWS)
         rows = sum(ROLE_ROWS[r] for r in read) * fleet.runs
-        width = sum(ROLE_ROWS[r] * sum(ROLE_BYTES[r].get(c, 0) for c in set(columns)) for r in read) / sum(
+        sizes = role_bytes(fleet.shape)
+        width = sum(ROLE_ROWS[r] * sum(sizes[r].get(c, 0) for c in set(columns)) for r in read) / sum(
             ROLE_ROWS[r] for r in read
         )
         total += minutes * rows * width
@@ -804,7 +821,7 @@ def tables(fleet: Fleet, telemetry: str, rollup: str, alerts: str, overrides: st
             fleet.runs * sum(ROLE_ROWS.values()),
             ROLLUP_BYTES,
             "minute",
-            {role: (fleet.runs * ROLE_ROWS[role], ROLE_BYTES[role]) for role in ROLE_ROWS},
+            {role: (fleet.runs * ROLE_ROWS[role], role_bytes(fleet.shape)[role]) for role in ROLE_ROWS},
         ),
         alerts: TableModel(
             "evaluated_at", 1440, max(fleet.runs, 1) * fleet.alert_rows_per_run, ALERT_BYTES, "evaluated_at"
