@@ -23,7 +23,7 @@ ROLLUP_DESIGNS = ("rollup, HOUR partitions", "rollup, DAY partitions")
 @pytest.mark.parametrize("runs", RUNS)
 @pytest.mark.parametrize("design", ROLLUP_DESIGNS)
 @pytest.mark.parametrize("rules", ["seed", "defaults"])
-# Levanter's real shapes read process_index and kind of every row too (docs/data-contracts.md);
+# Levanter's real shapes read process_index, kind and seq of every row too (docs/data-contracts.md);
 # the floor stays the contract's eight columns (SPEC "Cost").
 @pytest.mark.parametrize("shape", ["contract", "levanter.metrics", "telemetry_v1"])
 def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at_any_time(runs, design, rules, shape):
