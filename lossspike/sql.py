@@ -474,7 +474,8 @@ _KEY_DIGITS = 19
 
 def seq_tie_key(dialect: Dialect, time: str, seq: str) -> str:
     """A STRING ordering rows by (time, seq), for MAX_BY: BigQuery's MAX_BY takes one orderable
-    key and a STRUCT is not orderable, so both are zero-padded digits. `time` is a non-negative
+    key and a STRUCT is not orderable, so both are zero-padded digits, which compare byte by byte
+    (https://cloud.google.com/bigquery/docs/reference/standard-sql/string_functions). `time` is a non-negative
     integer; `seq` any INT64: Finelog gives migrated rows a negative seq (facts section 2), which
     sorts below '1' and every non-negative one as the nines' complement of |seq| - 1 (no sum
     overflows, whichever branch an engine evaluates)."""
