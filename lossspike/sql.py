@@ -198,8 +198,8 @@ def validate_table(name: str) -> str:
     return name
 
 
-# Where a table has `kind`, the rows that are samples: levanter.metrics' `scalar` (its summary
-# and histogram rows carry NULL value anyway) and telemetry_v1's `gauge`, the kind Levanter's
+# Where a table has `kind` and it must be read, the rows that are samples: `scalar` (levanter.metrics
+# needs no filter: its summary and histogram rows carry NULL value) and telemetry_v1's `gauge`, the kind Levanter's
 # tracker values have there (levanter-telemetry-facts.md 1a, 1b and 5.6); NULL for a loader
 # that leaves it empty.
 SAMPLE_KINDS = ("scalar", "gauge")
@@ -252,14 +252,14 @@ def shape_filters(
 ) -> list[str]:
     """The conditions the table's optional columns put on its rows: the service where the table has
     the column and the setting names one, process 0 where it has process_index (unless `any`),
-    sample kinds where it has kind."""
+    sample kinds where it has kind and a value alone does not say (TelemetryShape.reads_kind)."""
     kept = []
     if shape.has_service and selection.service:
         params["service"] = selection.service
         kept.append(f"service = {dialect.param.format('service')}")
     if shape.process_type and selection.process != "any":
         kept.append(PROCESS_ZERO[shape.process_type])
-    if shape.has_kind:
+    if shape.reads_kind:
         kept.append(KIND_SAMPLE)
     return kept
 
@@ -562,7 +562,7 @@ def minute_buckets(
         kept.append(f"service = {literal(selection.service, 'service')}")
     if shape.process_type and selection.process != "any":
         kept.append(PROCESS_ZERO[shape.process_type])
-    if shape.has_kind:
+    if shape.reads_kind:
         kept.append(KIND_SAMPLE)
     kept += ["value IS NOT NULL", "run_id <> ''", runs]
     is_loss = f"name = {loss}"

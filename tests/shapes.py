@@ -32,6 +32,7 @@ SHAPE_COLUMNS = {
         ("kind", "VARCHAR", "STRING"),
         ("value", "DOUBLE", "FLOAT64"),
         ("mean", "DOUBLE", "FLOAT64"),
+        ("variance", "DOUBLE", "FLOAT64"),
         ("seq", "BIGINT", "INT64"),
         ("cluster", "VARCHAR", "STRING"),
     ],
@@ -89,13 +90,14 @@ def shaped_rows(samples: list[Sample], shape: str, processes: int = 1) -> list[d
                 "kind": SAMPLE_KIND[shape],
                 "value": s.value,
                 "mean": None,
+                "variance": None,
                 "seq": seq,
                 "cluster": s.cluster,
             }
             rows.append(row)
             if process == 0:
                 seq += 1
-                rows.append({**row, "kind": other_kind, "value": other_value, "mean": 5.0, "seq": seq})
+                rows.append({**row, "kind": other_kind, "value": other_value, "mean": 5.0, "variance": 0.5, "seq": seq})
     names = [c for c, _, _ in SHAPE_COLUMNS[shape]]
     return [{n: r[n] for n in names} for r in rows]
 

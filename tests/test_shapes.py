@@ -21,6 +21,7 @@ from telemetry import telemetry_samples
 from lossspike.backtest import backtest, tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
+from lossspike.rule import Thresholds
 from lossspike.schema import SHAPES
 from lossspike.settings import Settings
 from lossspike.sql import Selection, loss_window_query, run_samples_query
@@ -241,3 +242,27 @@ def test_without_seq_the_tie_goes_to_the_larger_uid_as_before():
     assert not contract.telemetry_shape().has_seq
     reason, baseline, recent = judged(evaluate(contract, Settings(), NOW))
     assert reason == "healthy" and baseline > 250 and recent > 1
+
+
+@pytest.mark.parametrize("summaries_apart", [True, False])
+def test_kind_is_read_only_where_a_value_alone_does_not_mark_a_sample(summaries_apart):
+    """levanter.metrics leaves `value` NULL on its summary rows and keeps their numbers in mean,
+    variance, ... (facts 1a, 5.6), so a non-NULL value is a scalar and `kind` costs bytes for
+    nothing; a table with `kind` but no such columns may carry a value on a non-sample row, and
+    there `kind` still decides."""
+    rows = shaped_rows(slow_run(), "levanter.metrics")
+    # A non-sample row with a value beside each sample: counted, it doubles the samples.
+    odd = [{**r, "kind": "histogram", "value": 1000.0, "seq": r["seq"] + 10**6} for r in rows if r["kind"] == "scalar"]
+    store = DuckDBStore(":memory:")
+    load_duckdb(store.connection, rows + odd, "levanter.metrics")
+    if not summaries_apart:
+        store.connection.execute("ALTER TABLE telemetry DROP COLUMN mean")
+        store.connection.execute("ALTER TABLE telemetry DROP COLUMN variance")
+    shape = store.telemetry_shape()
+    assert shape.reads_kind is not summaries_apart
+    query = loss_window_query(store.dialect, "telemetry", NOW, Thresholds(), Selection(), shape=shape)
+    assert ("kind" in query.sql) is not summaries_apart
+    [row] = [r for r in evaluate(store, Settings(), NOW) if r["metric"] is None]
+    # With summaries apart the odd rows are a broken table's (Finelog never writes them) and count;
+    # without, kind keeps them out and the run reads as its samples do.
+    assert row["baseline_samples"] == (22 if summaries_apart else 11)
