@@ -72,16 +72,16 @@ TELEMETRY_BYTES = {
 }
 # The telemetry columns a tick reads beyond (or short of) the contract's, per table shape
 # (lossspike.schema.SHAPES, docs/data-contracts.md): levanter.metrics has no `service` and an INT64
-# process_index (8 B) and kind 'scalar' (8 B); telemetry_v1 a STRING process_index '0' (3 B) and kind
-# 'gauge' (7 B). timestamp_ms is 8 B like timestamp, and both read the INT64 seq (8 B), which breaks
-# ties between attempts' newest rows. The floor stays the contract's eight columns (SPEC).
+# process_index (8 B), its `kind` unread (a non-NULL value is a scalar there); telemetry_v1 a STRING
+# process_index '0' (3 B) and kind 'gauge' (7 B). timestamp_ms is 8 B like timestamp, and both
+# read the INT64 seq (8 B), which breaks ties between attempts' newest rows. The floor stays the
+# contract's eight columns (SPEC).
 SHAPE_COLUMN_BYTES = {
     "contract": TELEMETRY_BYTES,
     "levanter.metrics": {
         **{k: v for k, v in TELEMETRY_BYTES.items() if k not in ("timestamp", "service")},
         "timestamp_ms": 8,
         "process_index": 8,
-        "kind": 8,
         "seq": 8,
     },
     "telemetry_v1": {

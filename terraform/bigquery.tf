@@ -129,6 +129,12 @@ resource "google_bigquery_table" "telemetry" {
       { name = "kind", type = "STRING", mode = "NULLABLE", description = "scalar/summary/histogram (levanter.metrics) or gauge/counter/... (telemetry_v1)." },
       { name = "seq", type = "INT64", mode = "NULLABLE", description = "Write-order counter." },
     ],
+    # levanter.metrics keeps a summary's statistics in columns of their own and leaves `value` NULL
+    # (levanter-telemetry-facts.md 1a): a table with mean and variance is read without its `kind`.
+    var.telemetry_shape == "levanter.metrics" ? [
+      for stat in ["min", "max", "sum", "sum_squares", "mean", "variance", "rms"] :
+      { name = stat, type = "FLOAT64", mode = "NULLABLE", description = "Summary or histogram statistic; NULL on a scalar row." }
+    ] : [],
   ))
 
   # The dataset may be the one this module creates.
