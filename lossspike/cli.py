@@ -576,7 +576,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f" {t.baseline_minutes}-minute baseline.\nA run pages (page = 1) when the floor of its recent window"
         f" rises above band = reference + max({t.min_rise}, {t.sigma} x stddev),\n"
         f"when any recent loss is NaN or infinite, or when no loss arrived for {t.stall_minutes} minutes;\n"
-        "then the detectors judge a healthy run (level_shift, slow_divergence, instability: README),\n"
+        "then the detectors judge a healthy run (level_shift, slow_divergence, instability:"
+        " docs/rule-and-detectors.md),\n"
         "and a check row joins a run whose other metrics fire (gradient norm, skipped steps, throughput).\n"
         "`observed` and `threshold` say what fired a detector or a check; a notify row never pages.\n"
         "A silenced run (lossspike silence) keeps its reason with page 0.\n\n"
@@ -594,6 +595,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "   # the last day replayed: pages (loss reasons, page checks) and notices\n"
         f"  lossspike plot hero-yi-34b --database {path} --end {format_rfc3339(now)} -o yi.png"
         "   # level_shift's trend-aware band, check episodes\n"
+        "  (plot draws with matplotlib: pip install 'lossspike[plot]')\n"
     )
     return 0
 
