@@ -1,4 +1,4 @@
-"""The detectors beyond the seed rule, on the minute layer (README, "The detectors").
+"""The detectors beyond the seed rule, on the minute layer (docs/rule-and-detectors.md).
 
 Each reads per-minute loss statistics of a run's judged attempt: arrays whose last
 axis is the minutes before `now`, oldest first (index -1 is the minute just before

@@ -93,7 +93,7 @@ class Thresholds:
     # has died or hung before its first step. 0 turns the check off.
     initializing_minutes: int = 45
 
-    # --- the detectors (lossspike.detectors; the README defines each) ---
+    # --- the detectors (lossspike.detectors; docs/rule-and-detectors.md defines each) ---
     # A level shift smaller than this is within what a hero run's loss wanders by in an
     # hour; 0.1 nats is where the published incidents start to matter.
     shift_min_rise: float = 0.1

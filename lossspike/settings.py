@@ -270,7 +270,11 @@ OPTIONS = (
         _threshold("max_recent_minutes"),
         "How far the recent window widens for a slow-stepping run.",
     ),
-    Option("checks", _names(CHECK_REASONS), "Run-health checks: all, none or a comma list (default: README)."),
+    Option(
+        "checks",
+        _names(CHECK_REASONS),
+        "Run-health checks: all, none or a comma list (default: docs/configuration.md).",
+    ),
     Option(
         "loss_jump_limit", _threshold("loss_jump_limit"), "loss_jump: recent floor minus baseline floor that fires."
     ),
@@ -353,7 +357,7 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
 
     known = {o.env for o in OPTIONS} | set(publisher_env)
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
-    problems.extend(f"{k}: unknown setting (the README's Configuration table lists them all)" for k in unknown)
+    problems.extend(f"{k}: unknown setting (docs/configuration.md lists them all)" for k in unknown)
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -330,7 +330,7 @@ variable "phase_metric" {
 }
 
 # ---------------------------------------------------------------------------------------------
-# The detectors beyond the seed rule (README, "Detectors"); LOSSSPIKE_* of the same names
+# The detectors beyond the seed rule (docs/rule-and-detectors.md); LOSSSPIKE_* of the same names
 # ---------------------------------------------------------------------------------------------
 
 variable "detectors" {

@@ -1,6 +1,6 @@
 """A plain-Python recomputation of the detectors, the run-health checks and the newest attempt.
 
-Written from lossspike/detectors.py's module docstring (and the README's definitions),
+Written from lossspike/detectors.py's module docstring (and docs/rule-and-detectors.md's definitions),
 SPEC.md's "Beyond the seed rule" and "Run health beyond loss", independently of the
 product: lists, `statistics.median` and `math.fsum` over raw samples, no numpy, and no
 import of lossspike.detectors, lossspike.evaluate, lossspike.minutes or lossspike.checks.
@@ -32,7 +32,7 @@ NON_FINITE_MAGNITUDE = 1e150
 # verdict may flip only where the compared value is this close to its limit (SPEC.md).
 FLIP_REL = 1e-9
 
-# The detectors' constants, from the README / lossspike.detectors' docstring.
+# The detectors' constants, from docs/rule-and-detectors.md / lossspike.detectors' docstring.
 LEVEL_MINUTES = 10  # slow divergence's current level: median minute mean of the last ten minutes
 FIT_MINUTES = 20  # level_shift's trend: two ten-minute halves before the recent window
 MIN_HALF_MINUTES = 3  # each half holds three minutes with data for a slope

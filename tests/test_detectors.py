@@ -434,7 +434,7 @@ def per_minute(levels: list[float], run: str = "hero-a", per: int = 6) -> list[S
 
 
 def test_a_level_shift_exactly_at_its_limit_does_not_page_and_one_ulp_more_does():
-    """README: every recent floor "above the baseline's trend by more than" the limit. A flat run
+    """docs/rule-and-detectors.md: every recent floor "above the baseline's trend by more than" the limit. A flat run
     (no spread, so the limit is shift_min_rise) stepping up by exactly that much: 2.0 + 0.5 - 2.0
     is 0.5 in binary floating point, observed equals the limit and the run stays healthy."""
     # The seed band and slow divergence's limit sit above the step: level_shift alone judges it.
@@ -454,7 +454,7 @@ def test_a_level_shift_exactly_at_its_limit_does_not_page_and_one_ulp_more_does(
 def test_a_loss_that_flattens_after_a_fall_into_the_window_is_no_level_shift():
     """A flat start, then 0.1 nats a minute down until three minutes before the recent window,
     then flat: the fitted trend keeps falling, so the flat minutes sit 0.4 above it, but the
-    steps leading into the window are falls, not the rise a shift starts with (README: "the step
+    steps leading into the window are falls, not the rise a shift starts with (docs/rule-and-detectors.md: "the step
     tells a shift from a loss that flattens after a fast fall")."""
     flat = [4.0] * 45
     fall = [round(4.0 - 0.1 * k, 10) for k in range(1, 17)]  # 3.9 .. 2.4, the last at window start - 4

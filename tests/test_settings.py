@@ -123,15 +123,60 @@ def test_bigquery_needs_full_table_paths():
         load_settings({"LOSSSPIKE_BACKEND": "bigquery", "LOSSSPIKE_ALERTS_TABLE": "p.d.a"})
 
 
-def test_readme_documents_every_setting_with_its_default():
-    readme = (REPO / "README.md").read_text()
-    for option in OPTIONS:
-        match = re.search(rf"^\| `{option.env}` \| ([^|]+) \|", readme, flags=re.MULTILINE)
-        assert match, f"{option.env} missing from README's configuration table"
-        documented = match.group(1).strip()
-        default = default_text(option.key)
-        if default not in ("", "auto"):
-            assert f"`{default}`" == documented, (option.env, documented, default)
+def documented_settings(page: str) -> list[tuple[str, str]]:
+    """(variable, default) of each row of the settings table in `page`, in order."""
+    table = re.search(r"^\| variable \| default \| meaning \|\n\|[-|]+\|\n((?:\|.*\n)+)", page, flags=re.MULTILINE)
+    assert table, "docs/configuration.md lost its settings table"
+    rows = [re.match(r"\| `?([^|`]+)`? \| ([^|]+) \|", line) for line in table.group(1).splitlines()]
+    assert all(rows), table.group(1)
+    return [(row.group(1).strip(), row.group(2).strip()) for row in rows]
+
+
+def expected_default_cell(key: str) -> str | None:
+    """The default column as it must read, from the settings module; None where it is prose.
+
+    The table's meanings are hand-written (richer than each Option's one-line help: ranges, the
+    why, links), so only the variable and default columns are generated and compared.
+    """
+    default = default_text(key)
+    return None if default in ("", "auto") else f"`{default}`"
+
+
+def settings_table_problems(page: str) -> list[str]:
+    documented = documented_settings(page)
+    variables = [variable for variable, _ in documented]
+    known = [option.env for option in OPTIONS]
+    problems = [f"{v}: not a setting of lossspike.settings OPTIONS" for v in variables if v not in known]
+    problems += [f"{v}: missing from the table" for v in known if v not in variables]
+    if not problems and variables != known:
+        problems.append("the rows are not in OPTIONS' order")
+    for variable, cell in documented:
+        option = next((option for option in OPTIONS if option.env == variable), None)
+        expected = expected_default_cell(option.key) if option else None
+        if expected is not None and cell != expected:
+            problems.append(f"{variable}: default {cell}, the settings module says {expected}")
+        if option and expected is None and cell.startswith("`"):
+            problems.append(f"{variable}: a computed default is described, not quoted ({cell})")
+    return problems
+
+
+def test_configuration_page_documents_every_setting_with_its_default():
+    assert settings_table_problems((REPO / "docs" / "configuration.md").read_text()) == []
+
+
+def test_the_table_check_fails_on_a_wrong_row():
+    page = (REPO / "docs" / "configuration.md").read_text()
+    typo = page.replace(
+        "| `LOSSSPIKE_BACKEND` |", "| `LOSSSPIKE_BAKEND` | `duckdb` | a typo |\n| `LOSSSPIKE_BACKEND` |", 1
+    )
+    assert settings_table_problems(typo) == ["LOSSSPIKE_BAKEND: not a setting of lossspike.settings OPTIONS"]
+    stale = page.replace("| `LOSSSPIKE_SIGMA` | `6.0` |", "| `LOSSSPIKE_SIGMA` | `5.0` |", 1)
+    assert settings_table_problems(stale) == ["LOSSSPIKE_SIGMA: default `5.0`, the settings module says `6.0`"]
+    missing = page.replace("| `LOSSSPIKE_SIGMA` |", "| `SIGMA` |", 1)
+    assert settings_table_problems(missing) == [
+        "SIGMA: not a setting of lossspike.settings OPTIONS",
+        "LOSSSPIKE_SIGMA: missing from the table",
+    ]
 
 
 # Values that parse but cannot work are configuration errors too (issue 10, item 3).
