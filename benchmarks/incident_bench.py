@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=float, default=1.0, help="scale the number of each incident [1]")
     parser.add_argument("--seed-flags", help=f"backtest flags for the seed rule [{SEED_FLAGS!r} when supported]")
     parser.add_argument("--default-flags", default="", help="backtest flags for the default rules ['']")
-    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for docs/benchmarks.md)")
     parser.add_argument("--json", metavar="FILE", help="also write both rules' labels reports to FILE")
     args = parser.parse_args(argv)
 
