@@ -744,7 +744,7 @@ def _minutes(duration: str) -> int:
 
 
 def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
-    # lossspike.cost prices what this file sends (`lossspike cost`, the README's figures): its
+    # lossspike.cost prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
     # refresh, range, queries, tables, windows and columns must be the file's.
     assert _minutes(DASHBOARD["refresh"]) == cost.DASHBOARD_REFRESH_MINUTES
     assert DASHBOARD["time"] == {"from": f"now-{cost.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
