@@ -2,8 +2,8 @@
 indexes (the grids' slots count the same minutes), and the overrides in force at each tick.
 
 Apart from the engine (lossspike.backtest) because the check replay (lossspike.check_replay)
-and the attempt choice (lossspike.backtest_attempts) read the same ticks and overrides, and
-the command line asks for the ticks alone (`tick_times`).
+reads the same ticks and overrides, the attempt choice (lossspike.backtest_attempts) the same
+minutes, and the command line asks for the ticks alone (`tick_times`).
 """
 
 from __future__ import annotations
