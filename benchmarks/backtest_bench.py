@@ -37,7 +37,8 @@ from pathlib import Path
 
 import duckdb
 
-from lossspike.backtest import backtest, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_ticks import tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import REASONS

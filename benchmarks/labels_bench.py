@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from lossspike.backtest import Backtest, RunHistory
+from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.labels import parse_labels, score_labels
 from lossspike.rule import REASONS, SPIKING, Thresholds
 

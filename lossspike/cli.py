@@ -493,7 +493,7 @@ def _now(args: argparse.Namespace) -> datetime:
 
 
 def _ticks(args: argparse.Namespace, default_span: timedelta) -> list[datetime]:
-    from lossspike.backtest import tick_times
+    from lossspike.backtest_ticks import tick_times
 
     times = {}
     for flag in ("end", "start"):

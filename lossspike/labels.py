@@ -43,7 +43,7 @@ from lossspike.render import terminal_safe
 from lossspike.times import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
-    from lossspike.backtest import Backtest
+    from lossspike.backtest_result import Backtest
 
 REQUIRED_FIELDS = ("run", "kind", "start", "should_page", "deadline_minutes")
 OPTIONAL_FIELDS = ("cluster", "end", "size", "note")

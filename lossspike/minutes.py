@@ -210,7 +210,7 @@ def newest_attempt(
 ) -> np.ndarray:
     """Per run, the attempt of its newest row (`times`, as attempt_key gives them); ties by
     time go to the larger `seq` (the newest row's, where the table has one), then to the larger
-    attempt rank (NULL lowest). -1 without rows. The backtest's _chosen_groups applies the
+    attempt rank (NULL lowest). -1 without rows. The backtest's chosen_groups applies the
     same order tick by tick (tests/test_phase.py holds the two equal)."""
     best = np.full(size, -1, dtype=np.int64)
     if not len(run):

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest
+from lossspike.backtest import BacktestError, backtest
+from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.checks import CHECK_REASONS, CHECKS
 from lossspike.report import describe
 from lossspike.rule import (

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from lossspike.backtest import Backtest, Episode
+from lossspike.backtest_result import Backtest, Episode
 from lossspike.rule import SPIKING, Thresholds
 from lossspike.times import format_rfc3339
 

@@ -81,7 +81,7 @@ MUTANTS = [
     ),
     Mutant(
         "pending: every earlier tick reads the tick's window (backtest)",
-        "lossspike/backtest.py",
+        "lossspike/check_replay.py",
         "            moment = end - k * minutes.MICROS_PER_MINUTE",
         "            moment = end",
         [BACKTEST_CHECKS],
@@ -193,7 +193,7 @@ MUTANTS = [
     ),
     Mutant(
         "the backtest's array twin of the rule pages a floor on the band",
-        "lossspike/backtest.py",
+        "lossspike/seed_verdicts.py",
         'spiking = windows["recent_floor"] > limit',
         'spiking = windows["recent_floor"] >= limit',
         [
@@ -203,7 +203,7 @@ MUTANTS = [
     ),
     Mutant(
         "the backtest's array twin of the rule never reads a run stalled",
-        "lossspike/backtest.py",
+        "lossspike/seed_verdicts.py",
         "stalled = (stall_us > 0) & (last_loss_us != minutes.NO_TIME)",
         "stalled = (stall_us < 0) & (last_loss_us != minutes.NO_TIME)",
         ["tests/test_backtest.py::test_the_rules_array_twin_equals_the_rule", "tests/test_backtest.py"],
@@ -224,7 +224,7 @@ MUTANTS = [
     ),
     Mutant(
         "backtest baseline one minute short",
-        "lossspike/backtest.py",
+        "lossspike/backtest_grid.py",
         "base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes",
         "base_start, recent_start = ends - t.baseline_minutes + 1, ends - t.recent_minutes",
         ["tests/test_backtest.py"],
@@ -346,7 +346,7 @@ MUTANTS = [
     ),
     Mutant(
         "episodes: a silenced tick pages",
-        "lossspike/backtest.py",
+        "lossspike/backtest_result.py",
         "codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes",
         "codes = history.codes",
         ["tests/test_labels.py", "tests/test_backtest.py"],
@@ -354,23 +354,23 @@ MUTANTS = [
     # --- the backtest's replay of the checks ---
     Mutant(
         "backtest checks: an override scoped to another check applies",
-        "lossspike/backtest.py",
-        "scoped[scope] = _policies(self.overrides, key, self.ticks, self.t, scope)",
-        "scoped[scope] = _policies(self.overrides, key, self.ticks, self.t)",
+        "lossspike/check_replay.py",
+        "scoped[scope] = policies_in_force(self.overrides, key, self.ticks, self.t, scope)",
+        "scoped[scope] = policies_in_force(self.overrides, key, self.ticks, self.t)",
         [BACKTEST_CHECKS],
     ),
     Mutant(
         "backtest checks: one policy for every check despite a scoped row",
-        "lossspike/backtest.py",
+        "lossspike/check_replay.py",
         "shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)",
         "shared = True",
         [BACKTEST_CHECKS],
     ),
     Mutant(
         "backtest checks: read the oldest attempt of the hour",
-        "lossspike/backtest.py",
+        "lossspike/check_replay.py",
         "        uid = uid_list[tick]\n",
-        "        uid = uid_list[0] if uid_list[0] is not _NO_ATTEMPT else uid_list[tick]\n",
+        "        uid = uid_list[0] if uid_list[0] is not NO_ATTEMPT else uid_list[tick]\n",
         [BACKTEST_CHECKS],
     ),
     Mutant(
@@ -382,14 +382,14 @@ MUTANTS = [
     ),
     Mutant(
         "backtest checks: a page check does not page",
-        "lossspike/backtest.py",
+        "lossspike/backtest_result.py",
         "checked = _firing(history, PAGE)",
         "checked = {}",
         ["tests/test_backtest.py::test_the_defaults_page_each_detectors_demo_run_once", "tests/test_labels.py"],
     ),
     Mutant(
         "plot: the trend line one minute old",
-        "lossspike/backtest.py",
+        "lossspike/grid_detectors.py",
         "trend[ticks] = baseline.trend[:, -1]",
         "trend[ticks] = baseline.trend[:, -2]",
         ["tests/test_plot.py::test_plot_draws_level_shifts_trend_aware_band"],
@@ -772,7 +772,7 @@ MUTANTS = [
     ),
     Mutant(
         "instability: the backtest's spike train need not be new for the run",
-        "lossspike/backtest.py",
+        "lossspike/grid_detectors.py",
         "            new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)\n",
         "            new = blocks >= 0\n",
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
@@ -879,7 +879,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: backtest: newest-attempt ties go to the smaller UID",
-        "lossspike/backtest.py",
+        "lossspike/backtest_attempts.py",
         "((mine == best[owner]) & (seq[group] >= best_seq[owner]))",
         "((mine == best[owner]) & (seq[group] > best_seq[owner]))",
         ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
@@ -887,9 +887,9 @@ MUTANTS = [
     Mutant(
         "issue 27: backtest: the loss windows' attempt ties go to the smaller UID (the checks' stay right)",
         "lossspike/backtest.py",
-        "        chosen = _chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk))\n",
+        "        chosen = chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk))\n",
         # A seq falling with the attempt: a tie keeps the first (smaller) attempt.
-        "        chosen = _chosen_groups(\n"
+        "        chosen = chosen_groups(\n"
         "            group_run[mine] - chunk.start, keys_at, len(chunk),"
         " np.broadcast_to(-np.arange(len(mine))[:, None], keys_at.shape)\n"
         "        )\n",
@@ -897,7 +897,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: backtest: a silenced page check counts in the episodes",
-        "lossspike/backtest.py",
+        "lossspike/backtest_result.py",
         "reasons = history.check_reasons(tick, severity, silenced=False)",
         "reasons = history.check_reasons(tick, severity, silenced=True)",
         ["tests/test_backtest.py::test_a_silenced_page_check_is_no_episode"],
@@ -934,7 +934,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: backtest checks: an evaluation is fresh for one minute, not thirty",
-        "lossspike/backtest.py",
+        "lossspike/check_replay.py",
         # The freshness is now EvalSeries.as_of's, shared with evaluate: the backtest's series
         # dates each evaluation 29 minutes early, so only one a minute old is fresh there.
         "start[rows].tolist(), values[rows].tolist(), eval_at[rows].tolist()",

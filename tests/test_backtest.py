@@ -22,7 +22,8 @@ from strategies import judged_fleets, record
 from telemetry import telemetry_samples
 
 from lossspike import minutes
-from lossspike.backtest import CellThresholds, backtest, loss_spike_codes, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_ticks import tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
@@ -36,6 +37,7 @@ from lossspike.rule import (
     is_stalled,
     loss_spike_reason,
 )
+from lossspike.seed_verdicts import CellThresholds, loss_spike_codes
 from lossspike.settings import Settings
 from lossspike.sql import Query, Selection
 
@@ -607,7 +609,7 @@ def test_a_silenced_page_check_is_no_episode():
 
 def test_the_episodes_table_names_every_reason_an_episode_passed_through():
     """One page that went spiking -> not_finite -> stalled: the table's reason cell says all three."""
-    from lossspike.backtest import Backtest, RunHistory
+    from lossspike.backtest_result import Backtest, RunHistory
     from lossspike.report import report_table
 
     codes = np.full(30, REASONS.index("healthy"), dtype=np.int8)

@@ -22,7 +22,8 @@ from incidents import Plan, falling_run, loss_overrides, loss_row, plans, rows_f
 from oracle import Sample, assert_rows_match, expected
 
 from lossspike import detectors
-from lossspike.backtest import backtest, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_ticks import tick_times
 from lossspike.evaluate import evaluate
 from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from commandline import lossspike, one_line_error
 
-from lossspike.backtest import Backtest, RunHistory
+from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.labels import LabelsError, labels_table, parse_labels, percentile, read_labels, score_labels
 from lossspike.render import terminal_safe
 from lossspike.rule import NOT_FINITE, REASONS, SPIKING, STALLED, Thresholds

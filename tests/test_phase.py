@@ -31,7 +31,9 @@ from oracle import Sample
 from servers import bigquery as bqserver
 
 from lossspike import minutes
-from lossspike.backtest import _chosen_groups, backtest, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_attempts import chosen_groups
+from lossspike.backtest_ticks import tick_times
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
@@ -228,7 +230,7 @@ def test_the_tick_and_the_backtest_choose_attempts_alike():
         times = rng.choice([minutes.NO_TIME, 1, 2, 3], size=(groups, 4))
         seq = rng.integers(-2, 3, size=(groups, 4))  # migrated rows' seq is negative (facts section 2)
         for with_seq in (None, seq):
-            chosen = _chosen_groups(run, times, 3, with_seq)
+            chosen = chosen_groups(run, times, 3, with_seq)
             for tick in range(4):
                 have = times[:, tick] != minutes.NO_TIME
                 tie = None if with_seq is None else with_seq[have, tick]

@@ -14,7 +14,8 @@ from oracle import Sample, expected
 from telemetry import telemetry_samples
 
 from lossspike import minutes
-from lossspike.backtest import backtest, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_ticks import tick_times
 from lossspike.detectors import shift_baseline
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate, tick_windows

@@ -13,7 +13,8 @@ from detector_oracle import Config, assert_matches, expect
 from incidents import loss_row, rows_for, store_for
 from oracle import Sample
 
-from lossspike.backtest import backtest, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_ticks import tick_times
 from lossspike.evaluate import evaluate
 from lossspike.settings import Settings
 

@@ -18,7 +18,8 @@ from oracle import Sample
 from shapes import load_duckdb, shaped_rows, whole_ms
 from telemetry import telemetry_samples
 
-from lossspike.backtest import backtest, tick_times
+from lossspike.backtest import backtest
+from lossspike.backtest_ticks import tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
