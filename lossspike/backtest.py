@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from lossspike import detectors, minutes
+from lossspike.backtest_sql import bucket_groups_query, check_buckets_query
 from lossspike.checks import (
     CHECK_MINUTES,
     CHECK_REASONS,
@@ -67,15 +68,10 @@ from lossspike.rule import (
     Thresholds,
     alert_rows,
 )
+from lossspike.selection import CHECK_METRICS, metric_names
 from lossspike.settings import Settings
-from lossspike.sql import (
-    CHECK_METRICS,
-    HISTORY_BLOCK_MINUTES,
-    bucket_groups_query,
-    check_buckets_query,
-    metric_names,
-)
 from lossspike.store import Store
+from lossspike.tick_sql import HISTORY_BLOCK_MINUTES
 from lossspike.times import format_rfc3339
 
 # A month of minutes is a few million (run, tick) verdicts; beyond that, split the range.

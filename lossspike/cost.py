@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lossspike.bucket_sql import CHECK_PARTS, PHASE_COLUMNS
+from lossspike.dialects import Query
 from lossspike.rule import DETECTORS
 from lossspike.schema import ALERT_COLUMNS
-from lossspike.sql import CHECK_PARTS, PHASE_COLUMNS, Query
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -985,20 +986,15 @@ def price_statement(
 
 def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[list[Query], dict[str, Any]]:
     """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
+    from lossspike.dialects import BIGQUERY
     from lossspike.evaluate import tick_windows
+    from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
     from lossspike.rule import Thresholds
     from lossspike.schema import SHAPES
+    from lossspike.selection import Selection
     from lossspike.settings import Settings
-    from lossspike.sql import (
-        BIGQUERY,
-        Selection,
-        refresh_statement,
-        rollup_view_query,
-        tick_read_query,
-        window_bounds,
-        with_refresh_status,
-        write_script,
-    )
+    from lossspike.tick_sql import tick_read_query, window_bounds
+    from lossspike.write_sql import write_script
 
     settings = Settings(
         backend="bigquery", telemetry_table=_TELEMETRY, alerts_table=_ALERTS, rollup_table=_ROLLUP if rollup else ""

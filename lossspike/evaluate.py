@@ -54,9 +54,10 @@ from lossspike.rule import (
     loss_spike_reason,
     reference,
 )
+from lossspike.selection import metric_names
 from lossspike.settings import Settings
-from lossspike.sql import TickWindows, metric_names
 from lossspike.store import Store, StoreError, TickRead
+from lossspike.tick_sql import TickWindows
 
 __all__ = ["StoreError", "checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
 

@@ -17,9 +17,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from lossspike.bucket_sql import PHASE_COLUMNS
 from lossspike.checks import EvalSeries, MetricSeries
 from lossspike.phase import PhaseState
-from lossspike.sql import DENSE_CHECK_METRICS, HISTORY_BLOCK_MINUTES, PENDING_PART, PHASE_COLUMNS
+from lossspike.selection import DENSE_CHECK_METRICS
+from lossspike.tick_sql import HISTORY_BLOCK_MINUTES, PENDING_PART
 
 # resume_jump's previous attempt is the newest other one that held a level: this many minutes
 # with a finite loss in the hour. A job that died in its first minutes (Pythia 410M's third

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lossspike.backtest import Backtest, BacktestError, RunHistory, backtest
+from lossspike.backtest_sql import run_samples_query
 from lossspike.checks import CHECK_REASONS, CHECKS
 from lossspike.report import describe
 from lossspike.rule import (
@@ -37,7 +38,6 @@ from lossspike.rule import (
     reference,
 )
 from lossspike.settings import Settings
-from lossspike.sql import run_samples_query
 from lossspike.store import Store
 from lossspike.times import format_rfc3339
 

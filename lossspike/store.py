@@ -14,10 +14,11 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from lossspike.deadline import Deadline
+from lossspike.dialects import Dialect, Query
 from lossspike.overrides import OverrideRow
 from lossspike.schema import TelemetryShape
 from lossspike.settings import Settings
-from lossspike.sql import Dialect, Query, TickWindows
+from lossspike.tick_sql import TickWindows
 
 
 class StoreError(RuntimeError):

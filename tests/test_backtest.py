@@ -23,6 +23,7 @@ from telemetry import telemetry_samples
 
 from lossspike import minutes
 from lossspike.backtest import CellThresholds, backtest, loss_spike_codes, tick_times
+from lossspike.dialects import Query
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
@@ -36,8 +37,8 @@ from lossspike.rule import (
     is_stalled,
     loss_spike_reason,
 )
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Query, Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 

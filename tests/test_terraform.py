@@ -18,17 +18,11 @@ from pathlib import Path
 import pytest
 
 from lossspike.checks import EVAL_LOOKBACK_MINUTES
+from lossspike.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
 from lossspike.rule import PAGING_REASONS, Thresholds
 from lossspike.schema import SHAPES
+from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, load_settings
-from lossspike.sql import (
-    CHECK_METRICS,
-    ROLLUP_TEMPLATES,
-    Selection,
-    rollup_template_name,
-    rollup_view_query,
-    rollup_view_template,
-)
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
