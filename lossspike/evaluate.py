@@ -1,7 +1,7 @@
 """One evaluation: the store reads the tick's minute buckets, the rules judge every run.
 
 The layers read one way: the command line and the function call `evaluate`; it asks
-a store (lossspike.store) for one read; the store runs SQL built by lossspike.sql;
+a store (lossspike.store) for one read; the store runs SQL built by lossspike.tick_sql;
 the minute layer (lossspike.minutes) turns the buckets into per-run arrays; the seed
 rule (lossspike.rule), the detectors and the checks judge them.
 """
