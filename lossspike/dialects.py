@@ -28,13 +28,9 @@ from lossspike.schema import TelemetryShape
 # NaN compares false in both engines, so one comparison also rules out NaN and inf.
 _FINITE = "ABS({0}) < 1e150"
 assert float(_FINITE.rsplit(" ", 1)[1]) == NON_FINITE_MAGNITUDE
-
-
 # "project.dataset.table" in BigQuery, "[schema.]table" in DuckDB: letters,
 # digits, underscores and the hyphens GCP allows in project IDs, nothing else.
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*){0,2}$")
-
-
 # Filter values written into the view's SQL as literals: no quoting is ever needed.
 _LITERAL = re.compile(r"^[A-Za-z0-9_.%/:@+\-]+$")
 

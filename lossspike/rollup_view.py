@@ -23,9 +23,8 @@ from lossspike.dialects import BIGQUERY, Dialect, instant, literal, quote_table,
 from lossspike.schema import CONTRACT_SHAPE, SHAPES, TelemetryShape
 from lossspike.selection import CHECK_METRICS, KIND_SAMPLE, PROCESS_ZERO, Selection, metric_names
 
+# A bucket's key, the view's GROUP BY: the first columns of MINUTE_COLUMNS.
 _BUCKET_KEYS = MINUTE_COLUMNS[:6]
-
-
 # Stand-ins replaced by Terraform's templatefile() placeholders in the view's template.
 _TEMPLATE_VALUES = {
     "lossspike_template_project.lossspike_template_dataset.lossspike_template_table": "${telemetry_table}",
@@ -36,8 +35,6 @@ _TEMPLATE_VALUES = {
     **{f"lossspike_template_{key}_metric": f"${{{key}_metric}}" for key in CHECK_METRICS},
     "2001-02-03 04:05:06": "${since}",
 }
-
-
 # The script variable the refresh sets when it failed, and the column the read carries it in.
 REFRESH_FAILED = "refresh_failed"
 
