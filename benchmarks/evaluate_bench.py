@@ -33,7 +33,7 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 RATIO_TARGET = 1.3
 RSS_TARGET_MIB = 300
 
-# The product's metric names (lossspike.sql.Selection's defaults).
+# The product's metric names (lossspike.selection.Selection's defaults).
 LOSS, GRAD_NORM, EVAL_LOSS = "train_loss", "grad_norm_total", "eval_paloma_macro_loss"
 # The floor (issues 15 and 18): the same rows and horizons the tick reads with the defaults,
 # reduced with a bare count/sum/min/max per run, metric and minute, written by hand with

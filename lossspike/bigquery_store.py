@@ -25,6 +25,7 @@ from google.auth.exceptions import GoogleAuthError
 from google.cloud import bigquery
 
 from lossspike.deadline import Deadline
+from lossspike.dialects import BIGQUERY, Query
 from lossspike.overrides import (
     OVERRIDES_SCHEMA,
     UNREADABLE,
@@ -33,6 +34,7 @@ from lossspike.overrides import (
     overrides_table_name,
     rows_from_arrow,
 )
+from lossspike.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
 from lossspike.schema import (
     ALERT_COLUMNS,
     ALERTS_SCHEMA,
@@ -42,21 +44,9 @@ from lossspike.schema import (
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
-from lossspike.sql import (
-    BIGQUERY,
-    OTHER_ROWS,
-    REFRESH_FAILED,
-    TICK_READ_TYPES,
-    Query,
-    TickWindows,
-    append_sql,
-    refresh_statement,
-    tick_read_query,
-    with_refresh_status,
-    with_rows_of,
-    write_script,
-)
 from lossspike.store import StoreError, TickRead
+from lossspike.tick_sql import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
+from lossspike.write_sql import append_sql, write_script
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
 # so each may spend at most this long, retries included.

@@ -20,6 +20,7 @@ import pyarrow as pa
 from lossspike import minutes
 from lossspike.backtest_attempts import NO_ATTEMPT, newest_attempts
 from lossspike.backtest_result import RunHistory
+from lossspike.backtest_sql import check_buckets_query
 from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.checks import (
     CHECK_MINUTES,
@@ -37,8 +38,8 @@ from lossspike.minutes import Partial
 from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches
 from lossspike.rule import HEALTHY, REASONS, RunPolicy, Thresholds
 from lossspike.seed_verdicts import CODES
+from lossspike.selection import CHECK_METRICS
 from lossspike.settings import Settings
-from lossspike.sql import CHECK_METRICS, check_buckets_query
 from lossspike.store import Store
 
 _HEALTHY_CODE = CODES[HEALTHY]

@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 
 from lossspike.overrides import THRESHOLD_COLUMNS
 from lossspike.rule import Thresholds
+from lossspike.selection import Selection
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
-from lossspike.sql import Selection
 from lossspike.times import format_rfc3339, parse_rfc3339, wall_clock
 
 # The demo keeps its synthetic fleet out of the user's own database.
@@ -601,15 +601,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sql(args: argparse.Namespace) -> int:
+    from lossspike.dialects import DIALECTS
     from lossspike.evaluate import tick_windows
     from lossspike.schema import SHAPES
-    from lossspike.sql import DIALECTS, tick_read_query
+    from lossspike.tick_sql import tick_read_query
 
     settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = _now(args)
     shape = SHAPES[args.shape]
     if args.rollup_table:
-        from lossspike.sql import BIGQUERY, refresh_statement, rollup_view_query, with_refresh_status
+        from lossspike.dialects import BIGQUERY
+        from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
 
         windows = tick_windows(settings, now.replace(second=0, microsecond=0))
         read = tick_read_query(

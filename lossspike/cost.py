@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lossspike.bucket_sql import CHECK_PARTS, PHASE_COLUMNS
+from lossspike.dialects import Query
 from lossspike.rule import DETECTORS
 from lossspike.schema import ALERT_COLUMNS
-from lossspike.sql import CHECK_PARTS, PHASE_COLUMNS, Query
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -118,7 +119,7 @@ LOSS_ROW_BYTES = {
     "job_at": 8,
 }
 ROLLUP_ROWS_PER_RUN_MINUTE = LOSS_ROWS_PER_RUN_MINUTE + OTHER_ROWS_PER_RUN_MINUTE
-# The view's rows per run-minute by metric role (lossspike.sql: 'loss', 'eval', '' for every other
+# The view's rows per run-minute by metric role (lossspike.bucket_sql: 'loss', 'eval', '' for every other
 # metric): an evaluation every ten minutes is a generous cadence for a hero run's eval loss.
 EVAL_ROWS_PER_RUN_MINUTE = 0.1
 ROLE_ROWS = {"loss": LOSS_ROWS_PER_RUN_MINUTE, "": OTHER_ROWS_PER_RUN_MINUTE, "eval": EVAL_ROWS_PER_RUN_MINUTE}
@@ -163,7 +164,7 @@ ROLLUP_BYTES = {
     / ROLLUP_ROWS_PER_RUN_MINUTE
     for name, size in LOSS_ROW_BYTES.items()
 }
-# The columns a tick's read of the view references (lossspike.sql.bucket_groups_query: all but the
+# The columns a tick's read of the view references (lossspike.backtest_sql.bucket_groups_query: all but the
 # attempt, which it names only with an explicit list of execution UIDs).
 TICK_READ_COLUMNS = tuple(name for name in LOSS_ROW_BYTES if name != "execution_uid")
 ROLLUP_READ_ROW_BYTES = sum(ROLLUP_BYTES[c] for c in TICK_READ_COLUMNS)
@@ -344,7 +345,7 @@ def refresh_part(fleet: Fleet, minutes: float = 1.0) -> Part:
     )
 
 
-# The parts of the tick's read (lossspike.sql.tick_read_query): the roles each filters, the
+# The parts of the tick's read (lossspike.tick_sql.tick_read_query): the roles each filters, the
 # minutes [start, end) before now it reads, and the columns it names. tests/test_cost.py checks
 # them against the statements the store builds.
 _CHECK_COLUMNS = (*_KEYS, "metric", *(f"{k}_{p}" for k in PUBLISHED_CHECK_KEYS for p in CHECK_PARTS))
@@ -985,20 +986,15 @@ def price_statement(
 
 def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[list[Query], dict[str, Any]]:
     """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
+    from lossspike.dialects import BIGQUERY
     from lossspike.evaluate import tick_windows
+    from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
     from lossspike.rule import Thresholds
     from lossspike.schema import SHAPES
+    from lossspike.selection import Selection
     from lossspike.settings import Settings
-    from lossspike.sql import (
-        BIGQUERY,
-        Selection,
-        refresh_statement,
-        rollup_view_query,
-        tick_read_query,
-        window_bounds,
-        with_refresh_status,
-        write_script,
-    )
+    from lossspike.tick_sql import tick_read_query, window_bounds
+    from lossspike.write_sql import write_script
 
     settings = Settings(
         backend="bigquery", telemetry_table=_TELEMETRY, alerts_table=_ALERTS, rollup_table=_ROLLUP if rollup else ""

@@ -13,6 +13,7 @@ import duckdb
 import pyarrow as pa
 
 from lossspike.deadline import Deadline
+from lossspike.dialects import DUCKDB, Query, quote_table
 from lossspike.overrides import OverrideRow, overrides_table_name, read_duckdb
 from lossspike.schema import (
     ALERT_COLUMNS,
@@ -26,8 +27,8 @@ from lossspike.schema import (
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
-from lossspike.sql import DUCKDB, Query, TickWindows, quote_table, tick_read_query
 from lossspike.store import StoreError, TickRead
+from lossspike.tick_sql import TickWindows, tick_read_query
 
 # Times are compared and truncated in UTC whatever the process time zone, which
 # DuckDB otherwise takes as its session time zone.

@@ -35,8 +35,8 @@ from typing import Any
 import pyarrow as pa
 
 from lossspike.checks import CHECK_REASONS
+from lossspike.dialects import Dialect, quote_table, validate_table
 from lossspike.rule import RunPolicy, Thresholds, threshold_problems
-from lossspike.sql import Dialect, quote_table, validate_table
 
 OVERRIDES_TABLE = "loss_spike_overrides"
 OVERRIDES_SCHEMA_PATH = Path(__file__).with_name("overrides_schema.json")
@@ -677,7 +677,7 @@ def duckdb_columns(connection: Any, table: str) -> dict[str, str]:
 
 def read_duckdb(connection: Any, table: str) -> list[OverrideRow]:
     """Every row of the DuckDB overrides table (none without the table), unusable ones marked."""
-    from lossspike.sql import DUCKDB
+    from lossspike.dialects import DUCKDB
 
     stored = duckdb_columns(connection, table)
     if not stored:
@@ -692,7 +692,7 @@ def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
     A table whose columns have the wrong types is refused: a row written there
     could not be read back as written.
     """
-    from lossspike.sql import DUCKDB
+    from lossspike.dialects import DUCKDB
     from lossspike.store import StoreError
 
     quoted = quote_table(DUCKDB, table)
@@ -713,7 +713,7 @@ def write_bigquery(client: Any, table: str, row: OverrideRow, location: str) -> 
     """Insert one row with a DML INSERT: a job, not the streaming API, so it is readable at once."""
     from google.cloud import bigquery
 
-    from lossspike.sql import BIGQUERY
+    from lossspike.dialects import BIGQUERY
 
     config = bigquery.QueryJobConfig(query_parameters=bigquery_parameters(row.values()), labels=JOB_LABELS)
     client.query(insert_sql(BIGQUERY, table), job_config=config, location=location).result()

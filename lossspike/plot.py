@@ -20,6 +20,7 @@ import numpy as np
 
 from lossspike.backtest import BacktestError, backtest
 from lossspike.backtest_result import Backtest, RunHistory
+from lossspike.backtest_sql import run_samples_query
 from lossspike.checks import CHECK_REASONS, CHECKS
 from lossspike.report import describe
 from lossspike.rule import (
@@ -38,7 +39,6 @@ from lossspike.rule import (
     reference,
 )
 from lossspike.settings import Settings
-from lossspike.sql import run_samples_query
 from lossspike.store import Store
 from lossspike.times import format_rfc3339
 

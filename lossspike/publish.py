@@ -502,7 +502,7 @@ class DuckDBSink:
     """
 
     def __init__(self, path: str | os.PathLike[str], table: str = "telemetry") -> None:
-        from lossspike.sql import DUCKDB, quote_table
+        from lossspike.dialects import DUCKDB, quote_table
 
         self.path = os.fspath(path)
         self._table = quote_table(DUCKDB, table)

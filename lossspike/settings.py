@@ -14,9 +14,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from lossspike.checks import CHECK_REASONS
+from lossspike.dialects import literal, validate_table
 from lossspike.overrides import dangling_escape
 from lossspike.rule import ATTEMPTS, DETECTORS, REFERENCES, THRESHOLD_RANGES, Thresholds, threshold_problems
-from lossspike.sql import CHECK_METRICS, Selection, literal, validate_table
+from lossspike.selection import CHECK_METRICS, Selection
 
 ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")

@@ -14,10 +14,11 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from lossspike.deadline import Deadline
+from lossspike.dialects import Dialect, Query
 from lossspike.overrides import OverrideRow
 from lossspike.schema import TelemetryShape
 from lossspike.settings import Settings
-from lossspike.sql import Dialect, Query, TickWindows
+from lossspike.tick_sql import TickWindows
 
 
 class StoreError(RuntimeError):
@@ -26,7 +27,7 @@ class StoreError(RuntimeError):
 
 @dataclass(frozen=True)
 class TickRead:
-    """What a tick reads in one job: its minute buckets (sql.tick_read_query) and the override rows."""
+    """What a tick reads in one job: its minute buckets (tick_sql.tick_read_query) and the override rows."""
 
     buckets: pa.Table
     overrides: list[OverrideRow] = field(default_factory=list)

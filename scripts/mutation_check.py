@@ -118,14 +118,14 @@ MUTANTS = [
     ),
     Mutant(
         "BigQuery rendering calls DuckDB's isfinite()",
-        "lossspike/sql.py",
+        "lossspike/dialects.py",
         '    if_="IF({}, {}, NULL)",\n    finite=_FINITE,',
         '    if_="IF({}, {}, NULL)",\n    finite="isfinite({0}) AND ABS({0}) < 1e150",',
         ["tests/test_dialects.py"],
     ),
     Mutant(
         "BigQuery write stores reference into band",
-        "lossspike/sql.py",
+        "lossspike/write_sql.py",
         "  SELECT {values} FROM UNNEST(@rows) AS source;",
         '  SELECT {values.replace("source.band", "source.reference")} FROM UNNEST(@rows) AS source;',
         ["tests/test_cloud.py::test_tick_end_to_end", "tests/test_rollup_cloud.py"],
@@ -140,24 +140,24 @@ MUTANTS = [
     # --- our own ---
     Mutant(
         "1e150 itself counted finite",
-        "lossspike/sql.py",
+        "lossspike/dialects.py",
         '_FINITE = "ABS({0}) < 1e150"',
         '_FINITE = "ABS({0}) <= 1e150"',
         PROPERTIES,
     ),
     Mutant(
-        # The tick's windows are whole minutes counted back from now (sql.loss_window_query, which
+        # The tick's windows are whole minutes counted back from now (tick_sql.loss_window_query, which
         # drew the edge per row, is now only the rollup tests' reference): a row on a minute's
         # start falls into the minute before, the hour's start moving with the recent window's.
         "recent window starts one instant late (DuckDB's minutes back from now: the hour's start too)",
-        "lossspike/sql.py",
+        "lossspike/dialects.py",
         '    minutes_back="(epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1",',
         '    minutes_back="(epoch_us({1}) - epoch_us({0})) // 60000000 + 1",',
         PROPERTIES,
     ),
     Mutant(
         "population stddev instead of sample stddev",
-        "lossspike/sql.py",
+        "lossspike/tick_sql.py",
         '{stat("STDDEV_SAMP", baseline)} AS baseline_stddev',
         '{stat("STDDEV_POP", baseline)} AS baseline_stddev',
         PROPERTIES,
@@ -172,21 +172,21 @@ MUTANTS = [
     ),
     Mutant(
         "NULL values enroll runs",
-        "lossspike/sql.py",
+        "lossspike/rollup_view.py",
         'kept += ["value IS NOT NULL", "run_id <> \'\'", runs]',
         "kept += [\"run_id <> ''\", runs]",
         PROPERTIES,
     ),
     Mutant(
         "job is the oldest, not the newest",
-        "lossspike/sql.py",
+        "lossspike/dialects.py",
         'newest="arg_max({}, {})",',
         'newest="arg_min({}, {})",',
         PROPERTIES,
     ),
     Mutant(
         "empty cluster not normalised to unknown",
-        "lossspike/sql.py",
+        "lossspike/selection.py",
         "\"COALESCE(NULLIF(cluster, ''), 'unknown') AS cluster\",",
         "\"COALESCE(cluster, 'unknown') AS cluster\",",
         PROPERTIES,
@@ -267,8 +267,8 @@ MUTANTS = [
     ),
     Mutant(
         "the tick read counts every attempt's losses (an explicit attempt list)",
-        "lossspike/sql.py",
-        "    attempt = _attempt_filter(d, selection, params)\n\n    def judged",
+        "lossspike/tick_sql.py",
+        "    attempt = attempt_filter(d, selection, params)\n\n    def judged",
         '    attempt = "TRUE"\n\n    def judged',
         ["tests/test_rollup.py", ROLLUP_CLOUD],
     ),
@@ -281,21 +281,21 @@ MUTANTS = [
     ),
     Mutant(
         "the rollup view enrolls empty run IDs",
-        "lossspike/sql.py",
+        "lossspike/rollup_view.py",
         """    kept += ["value IS NOT NULL", "run_id <> ''", runs]""",
         """    kept += ["value IS NOT NULL", runs]""",
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
         "the raw reads enroll empty run IDs",
-        "lossspike/sql.py",
+        "lossspike/selection.py",
         """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", "run_id <> ''", runs]""",
         """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", runs]""",
         ["tests/test_rollup.py", "tests/test_backtest.py", EMPTY_RUN_ID],
     ),
     Mutant(
         "the newest loss time ignores NaN losses",
-        "lossspike/sql.py",
+        "lossspike/rollup_view.py",
         '"last_loss_at": f"MAX({when(is_loss, t)})",',
         '"last_loss_at": f"MAX({when(f\'{is_loss} AND {finite}\', t)})",',
         ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
@@ -403,7 +403,7 @@ MUTANTS = [
     ),
     Mutant(
         "a failed rollup refresh fails the tick",
-        "lossspike/sql.py",
+        "lossspike/rollup_view.py",
         "EXCEPTION WHEN ERROR THEN\n  SET {REFRESH_FAILED} = TRUE;",
         "EXCEPTION WHEN ERROR THEN\n  RAISE;",
         ["tests/test_rollup_cloud.py::test_a_failed_refresh_still_gives_the_tick_its_verdict"],
@@ -534,7 +534,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: DuckDB's LIKE without an escape character",
-        "lossspike/sql.py",
+        "lossspike/selection.py",
         "\" ESCAPE '\\\\'\" if dialect.name",
         '"" if dialect.name',
         ["tests/test_hostile.py::test_a_backslash_in_the_run_pattern_escapes_the_underscore"],
@@ -748,14 +748,14 @@ MUTANTS = [
     # --- the raw tick read's history blocks and whole-hour other metrics ---
     Mutant(
         "raw read: a history block names the minutes ten later than its own",
-        "lossspike/sql.py",
+        "lossspike/tick_sql.py",
         "{HISTORY_BLOCK_MINUTES} * block)",
         "{HISTORY_BLOCK_MINUTES} * (block + 1))",
         [f"{DETECTORS}::test_slow_divergence_reads_the_oldest_block_of_its_horizon", *DETECTOR_PROPERTIES],
     ),
     Mutant(
         "raw read: a history block of an empty cluster is not the run's",
-        "lossspike/sql.py",
+        "lossspike/tick_sql.py",
         '        "run_cluster": "COALESCE(NULLIF(cluster, \'\'), \'unknown\')",\n        "run_id": "run_id",\n'
         '        "execution_uid": "execution_uid",\n        # The block',
         '        "run_cluster": "COALESCE(cluster, \'unknown\')",\n        "run_id": "run_id",\n'
@@ -779,7 +779,7 @@ MUTANTS = [
     ),
     Mutant(
         "raw read: a history block's peak is its lowest loss",
-        "lossspike/sql.py",
+        "lossspike/tick_sql.py",
         '        "loss_peak": f"MAX({judged(\'loss_value\')})",',
         '        "loss_peak": f"MIN({judged(\'loss_value\')})",',
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
@@ -815,14 +815,14 @@ MUTANTS = [
     # --- DuckDB and BigQuery parity with the defaults (tests/test_parity_cloud.py) ---
     Mutant(
         "parity: BigQuery's newest value of a minute is its oldest",
-        "lossspike/sql.py",
+        "lossspike/dialects.py",
         '    newest="MAX_BY({}, {})",',
         '    newest="MIN_BY({}, {})",',
         [PARITY],
     ),
     Mutant(
         "parity: the rollup view buckets to the nearest clock minute",
-        "lossspike/sql.py",
+        "lossspike/dialects.py",
         '    minute="TIMESTAMP_TRUNC({}, MINUTE)",',
         '    minute="TIMESTAMP_TRUNC(TIMESTAMP_ADD({}, INTERVAL 30 SECOND), MINUTE)",',
         [PARITY],
@@ -851,7 +851,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: raw read: a history block counts NaN rows and other attempts' rows",
-        "lossspike/sql.py",
+        "lossspike/tick_sql.py",
         '"loss_finite": f"COUNT({judged(\'loss_value\')})",\n        "loss_sum": f"SUM(',
         '"loss_finite": "COUNT(*)",\n        "loss_sum": f"SUM(',
         [f"{DETECTORS}::test_a_history_block_counts_only_the_judged_attempts_finite_losses"],
@@ -951,7 +951,7 @@ MUTANTS = [
     ),
     Mutant(
         "seq: a bucket keeps the seq of any of its rows at its newest instant",
-        "lossspike/sql.py",
+        "lossspike/bucket_sql.py",
         '    return f"CONCAT({padded(time)}, {ordered})"',
         "    return f\"CONCAT({padded(time)}, '')\"",
         ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from oracle import Sample
 
 from lossspike.rule import Thresholds
-from lossspike.sql import Selection
+from lossspike.selection import Selection
 
 NAN, INF = float("nan"), float("inf")
 

@@ -15,7 +15,7 @@ from conftest import NOW, write_database
 from oracle import Sample, assert_rows_match, expected
 
 from lossspike.rule import Thresholds
-from lossspike.sql import Selection
+from lossspike.selection import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 

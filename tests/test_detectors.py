@@ -28,8 +28,8 @@ from lossspike.evaluate import evaluate
 from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow
 from lossspike.rule import Thresholds
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Selection
 
 MINUTE = timedelta(minutes=1)
 SECOND = timedelta(seconds=1)

@@ -32,8 +32,8 @@ from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import NOTIFY, PAGING_REASONS, REASONS
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Selection
 from lossspike.times import format_rfc3339
 
 DASHBOARD_TEXT = (REPO / "grafana" / "dashboard.json").read_text()

@@ -26,8 +26,8 @@ from servers import bigquery as bqserver
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Selection
 
 PROJECT = "lossspike-parity"
 MINUTE = timedelta(minutes=1)

@@ -2,7 +2,7 @@
 
 On DuckDB the buckets are computed inline from raw telemetry, with the very SQL
 that defines the BigQuery rollup view, bucketed back from `now`; the raw seed query
-(sql.loss_window_query, one GROUP BY per run) is the reference.
+(tick_sql.loss_window_query, one GROUP BY per run) is the reference.
 tests/test_rollup_cloud.py runs the view itself on the BigQuery emulator.
 """
 
@@ -20,7 +20,7 @@ from strategies import fleets, selections, thresholds
 from lossspike.evaluate import evaluate
 from lossspike.rule import LossWindows, enrolled_runs
 from lossspike.settings import Settings
-from lossspike.sql import loss_window_query
+from lossspike.tick_sql import loss_window_query
 
 # Merged statistics against the raw query's (issue 8): counts, floors and peaks exact;
 # mean and standard deviation within 1e-9 relative where sigma x stddev decides the

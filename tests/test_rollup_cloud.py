@@ -27,8 +27,8 @@ from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.deadline import Deadline
 from lossspike.rule import Thresholds, alert_rows
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Selection
 from lossspike.store import StoreError
 from lossspike.tick import run_tick
 
@@ -319,7 +319,8 @@ def rows_of(store: BigQueryStore, settings: Settings, moment: datetime) -> list[
 
 
 def test_a_read_over_the_cap_names_the_setting_to_raise(emulator, endpoint):
-    from lossspike.sql import BIGQUERY, loss_window_query
+    from lossspike.dialects import BIGQUERY
+    from lossspike.tick_sql import loss_window_query
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     with faulty_proxy(endpoint, Faults(status=400, payload=OVER_THE_CAP, fail_next=1)) as url:

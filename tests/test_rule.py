@@ -289,7 +289,7 @@ def test_explicit_run_ids_and_execution_uids():
 
 
 def _sel(**kw):
-    from lossspike.sql import Selection
+    from lossspike.selection import Selection
 
     return Selection(**kw)
 

@@ -19,13 +19,15 @@ from shapes import load_duckdb, shaped_rows, whole_ms
 from telemetry import telemetry_samples
 
 from lossspike.backtest import backtest
+from lossspike.backtest_sql import run_samples_query
 from lossspike.backtest_ticks import tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
 from lossspike.schema import SHAPES
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Selection, loss_window_query, run_samples_query
+from lossspike.tick_sql import loss_window_query
 
 REAL_SHAPES = ("levanter.metrics", "telemetry_v1")
 # Processes publishing every metric on the hero run the facts file counts (hero_monitor.py: 704 rows

@@ -23,9 +23,10 @@ from test_shapes import PROCESSES, TIE_SEQS, judged, seq_tie_rows, slow_run, sma
 
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
+from lossspike.rollup_view import rollup_view_query
 from lossspike.schema import SHAPES
+from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.sql import Selection, rollup_view_query
 
 PROJECT = "lossspike-shapes"
 REAL_SHAPES = ("levanter.metrics", "telemetry_v1")

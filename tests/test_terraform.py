@@ -18,17 +18,11 @@ from pathlib import Path
 import pytest
 
 from lossspike.checks import EVAL_LOOKBACK_MINUTES
+from lossspike.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
 from lossspike.rule import PAGING_REASONS, Thresholds
 from lossspike.schema import SHAPES
+from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, load_settings
-from lossspike.sql import (
-    CHECK_METRICS,
-    ROLLUP_TEMPLATES,
-    Selection,
-    rollup_template_name,
-    rollup_view_query,
-    rollup_view_template,
-)
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
@@ -65,7 +59,7 @@ THRESHOLD_VARS = {
     "check_pending_minutes": 3,
     "throughput_floor": 150000.0,  # the other model-specific limits stay unset: their checks stay off
 }
-# Check metric names away from their defaults (lossspike.sql.Selection's *_metric fields).
+# Check metric names away from their defaults (lossspike.selection.Selection's *_metric fields).
 METRIC_VARS = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
 NOTIFY_CHANNEL = f"projects/{PROJECT}/notificationChannels/555"
 DASHBOARD_URL = "https://grafana.example.com/d/lossspike/lossspike"
@@ -712,7 +706,7 @@ def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: d
     # "Partition expiration can't be set on materialized views ... it inherits the base table's"
     # (https://cloud.google.com/bigquery/docs/materialized-views-create#partition_expiration).
     assert view["time_partitioning"][0].get("expiration_ms") is None
-    # Every part of the tick's read (lossspike.sql) filters its metric role, then a minute range,
+    # Every part of the tick's read (lossspike.tick_sql) filters its metric role, then a minute range,
     # not a run: BigQuery prunes blocks by filters on the clustering columns in their order
     # (https://cloud.google.com/bigquery/docs/querying-clustered-tables), and each role's blocks
     # are sorted by minute, so the minute filter still prunes inside a day partition.

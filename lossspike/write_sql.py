@@ -1,0 +1,37 @@
+"""The tick's writes to BigQuery: one evaluation's verdict rows into the alerts table, inserted
+or replacing an earlier write of the same evaluation, and the appends of a fleet too large for
+one request."""
+
+from __future__ import annotations
+
+from lossspike.dialects import BIGQUERY, quote_table
+
+
+def write_script(alerts_table: str, columns: tuple[str, ...]) -> str:
+    """Write one evaluation's rows (@rows, at @now): insert, or replace an earlier write.
+
+    The common first write reads only `evaluated_at` of one day's partition (the
+    existence test) and inserts without reading the table; a re-run deletes the
+    evaluation's earlier rows and inserts the new ones in one atomic MERGE.
+    """
+    table = quote_table(BIGQUERY, alerts_table)
+    listed = ", ".join(columns)
+    values = ", ".join(f"source.{c}" for c in columns)
+    return f"""IF EXISTS (SELECT 1 FROM {table} WHERE evaluated_at = @now) THEN
+  MERGE {table} AS target
+  USING UNNEST(@rows) AS source
+  ON FALSE
+  WHEN NOT MATCHED BY SOURCE AND target.evaluated_at = @now THEN DELETE
+  WHEN NOT MATCHED THEN INSERT ({listed}) VALUES ({values});
+ELSE
+  INSERT INTO {table} ({listed})
+  SELECT {values} FROM UNNEST(@rows) AS source;
+END IF;"""
+
+
+def append_sql(alerts_table: str, columns: tuple[str, ...]) -> str:
+    """Add more rows of the evaluation `write_script` started (a fleet too large for one request)."""
+    table = quote_table(BIGQUERY, alerts_table)
+    listed = ", ".join(columns)
+    values = ", ".join(f"source.{c}" for c in columns)
+    return f"INSERT INTO {table} ({listed})\nSELECT {values} FROM UNNEST(@rows) AS source"
