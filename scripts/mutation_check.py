@@ -663,9 +663,9 @@ MUTANTS = [
     Mutant(
         "beyond seed: newest attempt from the loss samples only",
         "lossspike/minutes.py",
-        "    chosen = newest_attempt(run, hour_codes, attempt_keys, size)",
+        "    chosen = newest_attempt(run, hour_codes, attempt_keys, size, seq)",
         '    loss_keys = attempt_key(micros(hour_rows, "last_loss_at"), micros(hour_rows, "sample_at"))\n'
-        "    chosen = newest_attempt(run, hour_codes, loss_keys, size)",
+        "    chosen = newest_attempt(run, hour_codes, loss_keys, size, seq)",
         [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row", *CHECK_PROPERTIES],
     ),
     Mutant(
@@ -886,13 +886,10 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: backtest: the loss windows' attempt ties go to the smaller UID (the checks' stay right)",
-        "lossspike/backtest.py",
-        "        chosen = chosen_groups(group_run[mine] - chunk.start, keys_at, len(chunk))\n",
-        # A seq falling with the attempt: a tie keeps the first (smaller) attempt.
-        "        chosen = chosen_groups(\n"
-        "            group_run[mine] - chunk.start, keys_at, len(chunk),"
-        " np.broadcast_to(-np.arange(len(mine))[:, None], keys_at.shape)\n"
-        "        )\n",
+        "lossspike/backtest_attempts.py",
+        # An equal (or absent) seq no longer lets a later attempt win: a tie keeps the first (smaller).
+        "(mine == best[owner]) & (seq[group] >= best_seq[owner])",
+        "(mine == best[owner]) & (seq[group] > best_seq[owner])",
         ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
     ),
     Mutant(
