@@ -679,8 +679,8 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
 def _cmd_backtest(args: argparse.Namespace) -> int:
     from lossspike.backtest import backtest
     from lossspike.labels import labels_table, score_labels
+    from lossspike.open_store import open_store
     from lossspike.report import report_json, report_table
-    from lossspike.store import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=24))
@@ -724,8 +724,8 @@ def _labels(path: str) -> list[Any]:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    from lossspike.open_store import open_store
     from lossspike.plot import plot_run
-    from lossspike.store import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=1))
@@ -769,7 +769,8 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 def _cost_actual(args: argparse.Namespace) -> int:
     from lossspike import cost
-    from lossspike.store import StoreError, open_store
+    from lossspike.open_store import open_store
+    from lossspike.store import StoreError
 
     settings = load_settings(os.environ)
     if settings.backend != "bigquery":

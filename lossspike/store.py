@@ -1,8 +1,8 @@
-"""Where telemetry is read and alert rows are written: the store protocol and its opener.
+"""Where telemetry is read and alert rows are written: the store protocol and the types it shares.
 
 Two stores implement it: DuckDB (lossspike.duckdb_store, the embedded default)
-and BigQuery (lossspike.bigquery_store). The command line, the backtest, the
-plot and the function all open theirs with `open_store`.
+and BigQuery (lossspike.bigquery_store); both import this module, and
+lossspike.open_store, above them, opens the one the settings name.
 """
 
 from __future__ import annotations
@@ -64,18 +64,3 @@ class Store(Protocol):
     def close(self) -> None:
         """Release the connection or client."""
         ...
-
-
-def open_store(settings: Settings, read_only: bool = False) -> Store:
-    """The store the settings name: the DuckDB file, or BigQuery with the environment's credentials."""
-    if settings.backend == "bigquery":
-        try:
-            from lossspike.bigquery_store import BigQueryStore
-        except ImportError as error:
-            raise StoreError(
-                f"the bigquery backend is unavailable ({error}); install it with: pip install 'lossspike[cloud]'"
-            ) from None
-        return BigQueryStore(settings)
-    from lossspike.duckdb_store import DuckDBStore
-
-    return DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table, read_only=read_only)
