@@ -56,7 +56,8 @@ from lossspike.sql import (
     with_rows_of,
     write_script,
 )
-from lossspike.store import StoreError, TickRead
+from lossspike.store import TickRead
+from lossspike.store_error import StoreError
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
 # so each may spend at most this long, retries included.

@@ -248,7 +248,7 @@ class _OverrideTable:
         self.account: str | None = None
         if self.settings.backend == "bigquery":
             from lossspike import overrides
-            from lossspike.store import StoreError
+            from lossspike.store_error import StoreError
 
             try:
                 self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
@@ -272,7 +272,7 @@ class _OverrideTable:
 
     def insert(self, row: Any) -> None:
         from lossspike import overrides
-        from lossspike.store import StoreError
+        from lossspike.store_error import StoreError
 
         if self.client is None:
             try:
@@ -341,7 +341,7 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
     from lossspike.overrides import matches
     from lossspike.render import terminal_safe
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     table.insert(row)
     sys.stdout.write(terminal_safe(f"wrote to {table.where()}: {_describe_override(row)}") + "\n")
@@ -770,7 +770,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 def _cost_actual(args: argparse.Namespace) -> int:
     from lossspike import cost
     from lossspike.open_store import open_store
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     settings = load_settings(os.environ)
     if settings.backend != "bigquery":
@@ -817,7 +817,7 @@ def _backtest_error() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     try:
         args = build_parser().parse_args(argv)

@@ -27,7 +27,8 @@ from lossspike.schema import (
 )
 from lossspike.settings import Settings
 from lossspike.sql import DUCKDB, Query, TickWindows, quote_table, tick_read_query
-from lossspike.store import StoreError, TickRead
+from lossspike.store import TickRead
+from lossspike.store_error import StoreError
 
 # Times are compared and truncated in UTC whatever the process time zone, which
 # DuckDB otherwise takes as its session time zone.

@@ -56,9 +56,9 @@ from lossspike.rule import (
 )
 from lossspike.settings import Settings
 from lossspike.sql import TickWindows, metric_names
-from lossspike.store import Store, StoreError, TickRead
+from lossspike.store import Store, TickRead
 
-__all__ = ["StoreError", "checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
+__all__ = ["checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
 
 
 def tick_windows(settings: Settings, now: datetime) -> TickWindows:

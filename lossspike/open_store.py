@@ -7,7 +7,8 @@ types from there, are not imported back by the module they import.
 from __future__ import annotations
 
 from lossspike.settings import Settings
-from lossspike.store import Store, StoreError
+from lossspike.store import Store
+from lossspike.store_error import StoreError
 
 
 def open_store(settings: Settings, read_only: bool = False) -> Store:

@@ -693,7 +693,7 @@ def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
     could not be read back as written.
     """
     from lossspike.sql import DUCKDB
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     quoted = quote_table(DUCKDB, table)
     connection.execute(overrides_table_ddl(quoted))

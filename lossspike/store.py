@@ -1,8 +1,10 @@
-"""Where telemetry is read and alert rows are written: the store protocol and the types it shares.
+"""Where telemetry is read and alert rows are written: the store protocol and the read it returns.
 
 Two stores implement it: DuckDB (lossspike.duckdb_store, the embedded default)
 and BigQuery (lossspike.bigquery_store); both import this module, and
-lossspike.open_store, above them, opens the one the settings name.
+lossspike.open_store, above them, opens the one the settings name. Their error,
+StoreError, sits below in lossspike.store_error: the overrides' own DuckDB write
+raises it, and this module imports the override rows.
 """
 
 from __future__ import annotations
@@ -18,10 +20,6 @@ from lossspike.overrides import OverrideRow
 from lossspike.schema import TelemetryShape
 from lossspike.settings import Settings
 from lossspike.sql import Dialect, Query, TickWindows
-
-
-class StoreError(RuntimeError):
-    """A store cannot serve: missing file, table or column, or a failed job."""
 
 
 @dataclass(frozen=True)
