@@ -44,7 +44,8 @@ from lossspike.schema import (
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
-from lossspike.store import StoreError, TickRead
+from lossspike.store import TickRead
+from lossspike.store_error import StoreError
 from lossspike.tick_sql import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
 from lossspike.write_sql import append_sql, write_script
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lossspike.median import median
 from lossspike.rule import HEALTHY, NOTIFY, PAGE, LossWindows, Thresholds
 
 LOSS_JUMP = "loss_jump"
@@ -238,9 +239,6 @@ def jump_levels_all(floors: np.ndarray, finite: np.ndarray, recent_minutes: int)
     minute's floor and moves the median by one rank at most, while a level that jumped by a
     nat moves every minute's floor, and so both medians alike.
     """
-    # Imported here: lossspike.detectors imports the minute layer, which imports this module.
-    from lossspike.detectors import median
-
     split = floors.shape[-1] - recent_minutes
     kept = np.where(finite > 0, floors, np.nan)
     return median(kept[..., split:]), median(kept[..., :split])

@@ -248,7 +248,7 @@ class _OverrideTable:
         self.account: str | None = None
         if self.settings.backend == "bigquery":
             from lossspike import overrides
-            from lossspike.store import StoreError
+            from lossspike.store_error import StoreError
 
             try:
                 self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
@@ -272,7 +272,7 @@ class _OverrideTable:
 
     def insert(self, row: Any) -> None:
         from lossspike import overrides
-        from lossspike.store import StoreError
+        from lossspike.store_error import StoreError
 
         if self.client is None:
             try:
@@ -341,7 +341,7 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
     from lossspike.overrides import matches
     from lossspike.render import terminal_safe
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     table.insert(row)
     sys.stdout.write(terminal_safe(f"wrote to {table.where()}: {_describe_override(row)}") + "\n")
@@ -681,8 +681,8 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
 def _cmd_backtest(args: argparse.Namespace) -> int:
     from lossspike.backtest import backtest
     from lossspike.labels import labels_table, score_labels
+    from lossspike.open_store import open_store
     from lossspike.report import report_json, report_table
-    from lossspike.store import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=24))
@@ -726,8 +726,8 @@ def _labels(path: str) -> list[Any]:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    from lossspike.open_store import open_store
     from lossspike.plot import plot_run
-    from lossspike.store import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=1))
@@ -771,7 +771,8 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 def _cost_actual(args: argparse.Namespace) -> int:
     from lossspike import cost
-    from lossspike.store import StoreError, open_store
+    from lossspike.open_store import open_store
+    from lossspike.store_error import StoreError
 
     settings = load_settings(os.environ)
     if settings.backend != "bigquery":
@@ -818,7 +819,7 @@ def _backtest_error() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     try:
         args = build_parser().parse_args(argv)

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lossspike.median import median
 from lossspike.minutes import Partial, Previous
 from lossspike.rule import (
     INSTABILITY,
@@ -122,20 +123,6 @@ def _quiet(function: Any, *args: Any, **kwargs: Any) -> np.ndarray:
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         return function(*args, **kwargs)
-
-
-def median(values: np.ndarray) -> np.ndarray:
-    """np.nanmedian over the last axis, bit for bit: the two middle finite values' sum halved
-    (one value's double halved is itself), NaN without one. One sort replaces nanmedian's
-    masked-array path, which took most of a detector's time."""
-    if values.shape[-1] == 0:
-        return np.full(values.shape[:-1], np.nan)
-    ordered = np.sort(values, axis=-1)  # NaN sorts last
-    count = values.shape[-1] - np.isnan(ordered).sum(axis=-1, keepdims=True)
-    low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=-1)
-    high = np.take_along_axis(ordered, np.minimum(count // 2, values.shape[-1] - 1), axis=-1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return ((low + high) / 2.0)[..., 0]
 
 
 def minute_means(grid: Partial) -> np.ndarray:

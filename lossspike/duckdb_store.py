@@ -27,7 +27,8 @@ from lossspike.schema import (
     telemetry_type_problem,
 )
 from lossspike.settings import Settings
-from lossspike.store import StoreError, TickRead
+from lossspike.store import TickRead
+from lossspike.store_error import StoreError
 from lossspike.tick_sql import TickWindows, tick_read_query
 
 # Times are compared and truncated in UTC whatever the process time zone, which

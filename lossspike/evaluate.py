@@ -56,10 +56,10 @@ from lossspike.rule import (
 )
 from lossspike.selection import metric_names
 from lossspike.settings import Settings
-from lossspike.store import Store, StoreError, TickRead
+from lossspike.store import Store, TickRead
 from lossspike.tick_sql import TickWindows
 
-__all__ = ["StoreError", "checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
+__all__ = ["checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
 
 
 def tick_windows(settings: Settings, now: datetime) -> TickWindows:

@@ -15,6 +15,12 @@ cannot use (a NULL or malformed pattern, a time out of range, a wrong type, a
 threshold the settings refuse) carries a `problem`. Such a row fails toward
 paging: the runs it could match are judged with no silence in force, with
 thresholds from the usable rows, and the tick reports it (SPEC.md).
+
+One module, over 600 lines, because it is one table's whole meaning: its schema
+and how a row is read, which row wins (matching and resolution), and its writes
+on either backend. The three sections share OverrideRow and the per-column
+problems, and a row's `problem` decides its resolution, so apart they would be
+one concept read in three places.
 """
 
 from __future__ import annotations
@@ -693,7 +699,7 @@ def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
     could not be read back as written.
     """
     from lossspike.dialects import DUCKDB
-    from lossspike.store import StoreError
+    from lossspike.store_error import StoreError
 
     quoted = quote_table(DUCKDB, table)
     connection.execute(overrides_table_ddl(quoted))

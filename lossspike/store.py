@@ -1,8 +1,10 @@
-"""Where telemetry is read and alert rows are written: the store protocol and its opener.
+"""Where telemetry is read and alert rows are written: the store protocol and the read it returns.
 
 Two stores implement it: DuckDB (lossspike.duckdb_store, the embedded default)
-and BigQuery (lossspike.bigquery_store). The command line, the backtest, the
-plot and the function all open theirs with `open_store`.
+and BigQuery (lossspike.bigquery_store); both import this module, and
+lossspike.open_store, above them, opens the one the settings name. Their error,
+StoreError, sits below in lossspike.store_error: the overrides' own DuckDB write
+raises it, and this module imports the override rows.
 """
 
 from __future__ import annotations
@@ -19,10 +21,6 @@ from lossspike.overrides import OverrideRow
 from lossspike.schema import TelemetryShape
 from lossspike.settings import Settings
 from lossspike.tick_sql import TickWindows
-
-
-class StoreError(RuntimeError):
-    """A store cannot serve: missing file, table or column, or a failed job."""
 
 
 @dataclass(frozen=True)
@@ -65,18 +63,3 @@ class Store(Protocol):
     def close(self) -> None:
         """Release the connection or client."""
         ...
-
-
-def open_store(settings: Settings, read_only: bool = False) -> Store:
-    """The store the settings name: the DuckDB file, or BigQuery with the environment's credentials."""
-    if settings.backend == "bigquery":
-        try:
-            from lossspike.bigquery_store import BigQueryStore
-        except ImportError as error:
-            raise StoreError(
-                f"the bigquery backend is unavailable ({error}); install it with: pip install 'lossspike[cloud]'"
-            ) from None
-        return BigQueryStore(settings)
-    from lossspike.duckdb_store import DuckDBStore
-
-    return DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table, read_only=read_only)

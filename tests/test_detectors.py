@@ -25,6 +25,7 @@ from lossspike import detectors
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.evaluate import evaluate
+from lossspike.median import median
 from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow
 from lossspike.rule import Thresholds
@@ -165,14 +166,14 @@ def test_backtest_equals_evaluate_at_every_tick(case, count, every):
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), width=st.integers(0, 24), rows=st.integers(1, 4))
 def test_the_detectors_median_is_nanmedian_bit_for_bit(data, width, rows):
-    """detectors.median replaces np.nanmedian for speed: the same value, NaN included, to the last bit."""
+    """median replaces np.nanmedian for speed: the same value, NaN included, to the last bit."""
     value = st.sampled_from([math.nan, math.nan, 0.0, -0.0, 1.0, 2.5, math.inf, -math.inf, 1e149]) | st.floats()
     row = st.lists(value, min_size=width, max_size=width)
     values = np.array(data.draw(st.lists(row, min_size=rows, max_size=rows))).reshape(rows, width)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         want = np.nanmedian(values, axis=-1)
-    got = detectors.median(values)
+    got = median(values)
     event(f"finite values per row: {'even' if np.isfinite(values).sum() % 2 == 0 else 'odd'}")
     assert got.shape == want.shape
     assert np.array_equal(got, want, equal_nan=True), (values, got, want)

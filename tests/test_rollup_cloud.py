@@ -29,7 +29,7 @@ from lossspike.deadline import Deadline
 from lossspike.rule import Thresholds, alert_rows
 from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.store import StoreError
+from lossspike.store_error import StoreError
 from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"

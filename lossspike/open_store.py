@@ -1,0 +1,26 @@
+"""Open the store the settings name: the factory above both stores.
+
+It lives apart from lossspike.store so that the stores, which import the shared
+types from there, are not imported back by the module they import.
+"""
+
+from __future__ import annotations
+
+from lossspike.settings import Settings
+from lossspike.store import Store
+from lossspike.store_error import StoreError
+
+
+def open_store(settings: Settings, read_only: bool = False) -> Store:
+    """The store the settings name: the DuckDB file, or BigQuery with the environment's credentials."""
+    if settings.backend == "bigquery":
+        try:
+            from lossspike.bigquery_store import BigQueryStore
+        except ImportError as error:
+            raise StoreError(
+                f"the bigquery backend is unavailable ({error}); install it with: pip install 'lossspike[cloud]'"
+            ) from None
+        return BigQueryStore(settings)
+    from lossspike.duckdb_store import DuckDBStore
+
+    return DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table, read_only=read_only)
