@@ -560,7 +560,7 @@ def grafana_cost(fleet: Fleet, pruned: bool = True) -> dict[str, Any]:
     }
 
 
-# --- the estimate ----------------------------------------------------------------------------------
+# --- the designs, and what is priced apart (lossspike.cost_report gathers them) ---------------------
 
 
 def _at(clock: str, day: datetime) -> datetime:

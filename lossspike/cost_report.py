@@ -29,6 +29,8 @@ from lossspike.cost_model import (
 )
 from lossspike.dialects import Query
 
+# --- the estimate ----------------------------------------------------------------------------------
+
 
 def estimate(fleet: Fleet, day: datetime | None = None) -> dict[str, Any]:
     """Bytes a tick and dollars a month, per design and time of day, with each part's arithmetic."""
