@@ -3,7 +3,7 @@
 1. Runs real ticks (the function's BigQuery store, the real client) against the
    local BigQuery emulator through a recording proxy at 00:10, 12:00 and 23:50,
    with the rollup view in place, and keeps every job the ticks sent.
-2. Prices those statements with lossspike.cost's billing model for fleets of
+2. Prices those statements with lossspike.cost_statements's billing model for fleets of
    10, 100 and 1,000 runs (21 metrics at 1 Hz, 116-byte rows), on DAY- and
    HOUR-partitioned telemetry, with and without the clustering pruning BigQuery
    documents for a filter on the leading clustering column, and prints each
@@ -35,7 +35,7 @@ from oracle import Sample  # noqa: E402
 from servers import bigquery as bqserver  # noqa: E402
 from servers.proxy import Faults, faulty_proxy  # noqa: E402
 
-from lossspike import cost  # noqa: E402
+from lossspike import cost_model, cost_statements  # noqa: E402
 from lossspike.bigquery_store import BigQueryStore  # noqa: E402
 from lossspike.evaluate import evaluate  # noqa: E402
 from lossspike.rollup_view import rollup_view_query  # noqa: E402
@@ -50,8 +50,8 @@ RUNS = (10, 100, 1000)
 # The settings a tick runs with, by `lossspike cost --rules` name: the defaults, or the seed
 # rule alone (SPEC's --detectors none --attempts all --checks none), and each one's target.
 RULES = {
-    "defaults": ({}, cost.DEFAULT_RATIO_TARGET),
-    "seed": ({"detectors": (), "checks": (), "attempts": "all"}, cost.SEED_RATIO_TARGET),
+    "defaults": ({}, cost_model.DEFAULT_RATIO_TARGET),
+    "seed": ({"detectors": (), "checks": (), "attempts": "all"}, cost_model.SEED_RATIO_TARGET),
 }
 
 
@@ -88,7 +88,7 @@ def captured_ticks(rules: dict[str, Any]) -> dict[str, list[tuple[str, dict[str,
             rollup_table=rollup,
             **rules,
         )
-        for clock in cost.TIMES_OF_DAY:
+        for clock in cost_model.TIMES_OF_DAY:
             hour, minute = map(int, clock.split(":"))
             now = DAY.replace(hour=hour, minute=minute)
             faults = Faults()
@@ -151,13 +151,13 @@ def main() -> int:
         print(f"  {clock}: {len(jobs)} jobs: " + "; ".join(sql.split("\n", 1)[0][:60] for sql, _ in jobs))
     failed = 0
     print(f"\nMiB a tick, and its ratio to the floor, with / without clustering pruning (target <= {target} with):")
-    header = " ".join(f"{clock:>22}" for clock in cost.TIMES_OF_DAY)
+    header = " ".join(f"{clock:>22}" for clock in cost_model.TIMES_OF_DAY)
     print(f"{'partition':>9} {'runs':>5} {'floor MiB':>9} {header}  $/month")
     for partition in ("DAY", "HOUR"):
         for runs in RUNS:
-            fleet = cost.Fleet(runs=runs, partition=partition)
-            models = cost.tables(fleet, telemetry, rollup, alerts, overrides)
-            floor = cost.floor_bytes(fleet)
+            fleet = cost_model.Fleet(runs=runs, partition=partition)
+            models = cost_statements.tables(fleet, telemetry, rollup, alerts, overrides)
+            floor = cost_model.floor_bytes(fleet)
             cells, worst, month = [], 0.0, []
             for clock, jobs in ticks.items():
                 now = DAY.replace(hour=int(clock[:2]), minute=int(clock[3:]))
@@ -165,32 +165,32 @@ def main() -> int:
                     pruned: sum(
                         p.bytes
                         for sql, params in jobs
-                        for p in cost.price_statement(sql, params, models, now, views, pruned=pruned)
+                        for p in cost_statements.price_statement(sql, params, models, now, views, pruned=pruned)
                     )
                     for pruned in (True, False)
                 }
                 worst = max(worst, billed[True] / floor)
                 month.append(billed[True])
                 cells.append(
-                    f"{billed[True] / cost.MIB:6.1f} {billed[True] / floor:4.2f} / {billed[False] / floor:4.2f}x"
+                    f"{billed[True] / cost_model.MIB:6.1f} {billed[True] / floor:4.2f} / {billed[False] / floor:4.2f}x"
                 )
             ok = worst <= target
             failed += not ok
-            dollars = cost.monthly(sum(month) / len(month))
+            dollars = cost_model.monthly(sum(month) / len(month))
             print(
-                f"{partition:>9} {runs:>5} {floor / cost.MIB:>9.1f} "
+                f"{partition:>9} {runs:>5} {floor / cost_model.MIB:>9.1f} "
                 + " ".join(f"{c:>22}" for c in cells)
                 + f"  {dollars:7.2f}{'' if ok else '  MISSED'}"
             )
-    largest = cost.tick_cost(cost.Fleet(runs=1000), DAY.replace(hour=23, minute=50), pruned=False).bytes
+    largest = cost_model.tick_cost(cost_model.Fleet(runs=1000), DAY.replace(hour=23, minute=50), pruned=False).bytes
     cap = DEFAULT_MAX_BYTES_BILLED
     print(
-        f"\nlargest 1,000-run tick {largest / cost.MIB:,.0f} MiB;"
-        f" default cap {cap / cost.MIB:,.0f} MiB ({cap / largest:.1f}x)"
+        f"\nlargest 1,000-run tick {largest / cost_model.MIB:,.0f} MiB;"
+        f" default cap {cap / cost_model.MIB:,.0f} MiB ({cap / largest:.1f}x)"
     )
     print("\nGrafana, per month (model of the shipped files, checked by tests/test_grafana.py):")
     for runs in RUNS:
-        with_, without = (cost.grafana_cost(cost.Fleet(runs=runs), pruned) for pruned in (True, False))
+        with_, without = (cost_model.grafana_cost(cost_model.Fleet(runs=runs), pruned) for pruned in (True, False))
         print(
             f"  {runs:>5} runs: dashboard ${with_['dashboard']['dollars_per_month']:.2f} per open browser"
             f" (without pruning ${without['dashboard']['dollars_per_month']:.2f}), alert rule"

@@ -742,12 +742,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from lossspike import cost
+    from lossspike.cost_model import Fleet
+    from lossspike.cost_report import estimate, render
+    from lossspike.rule import DETECTORS
 
     if args.actual:
         return _cost_actual(args)
     try:
-        fleet = cost.Fleet(
+        fleet = Fleet(
             runs=args.runs,
             metrics=args.metrics,
             hz=args.hz,
@@ -758,19 +760,19 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             horizon_minutes=args.horizon_minutes,
             rollup_rows_per_run_minute=args.rollup_rows_per_run_minute,
             buffer_minutes=args.buffer_minutes,
-            detectors=() if args.rules == "seed" else cost.DETECTORS,
+            detectors=() if args.rules == "seed" else DETECTORS,
             checks=args.rules != "seed",
             shape=args.shape,
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    report = cost.estimate(fleet)
-    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.format == "json" else cost.render(report))
+    report = estimate(fleet)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.format == "json" else render(report))
     return 0
 
 
 def _cost_actual(args: argparse.Namespace) -> int:
-    from lossspike import cost
+    from lossspike.cost_report import actual_query, render_actual
     from lossspike.open_store import open_store
     from lossspike.store_error import StoreError
 
@@ -782,7 +784,7 @@ def _cost_actual(args: argparse.Namespace) -> int:
     since = wall_clock().replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=args.days - 1)
     store = open_store(settings)
     try:
-        table = store.fetch(cost.actual_query(since, settings.location))
+        table = store.fetch(actual_query(since, settings.location))
     except StoreError as error:
         raise StoreError(f"reading INFORMATION_SCHEMA.JOBS failed: {error}") from None
     finally:
@@ -791,7 +793,7 @@ def _cost_actual(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
     else:
-        sys.stdout.write(cost.render_actual(rows))
+        sys.stdout.write(render_actual(rows))
     return 0
 
 

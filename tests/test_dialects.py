@@ -17,7 +17,7 @@ from strategies import fleets, selections, thresholds
 
 from lossspike.backtest_sql import bucket_groups_query, run_samples_query
 from lossspike.bigquery_store import OVERRIDE_TYPES
-from lossspike.cost import actual_query
+from lossspike.cost_report import actual_query
 from lossspike.dialects import BIGQUERY, DUCKDB, Query, validate_table
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_SCHEMA, overrides_select

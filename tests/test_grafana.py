@@ -26,7 +26,7 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from lossspike import cost
+from lossspike import cost_model
 from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
@@ -49,7 +49,7 @@ GRAFANA_ENV = {
     "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls",
     "LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT": "ml-notices",
 }
-# The tables the dashboard and the rule read, as lossspike.cost models them.
+# The tables the dashboard and the rule read, as lossspike.cost_model models them.
 COST_TABLES = {"alerts": "loss_spike_alerts", "rollup": "${minutes_view}"}
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
@@ -744,10 +744,10 @@ def _minutes(duration: str) -> int:
 
 
 def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
-    # lossspike.cost prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
+    # lossspike.cost_model prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
     # refresh, range, queries, tables, windows and columns must be the file's.
-    assert _minutes(DASHBOARD["refresh"]) == cost.DASHBOARD_REFRESH_MINUTES
-    assert DASHBOARD["time"] == {"from": f"now-{cost.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
+    assert _minutes(DASHBOARD["refresh"]) == cost_model.DASHBOARD_REFRESH_MINUTES
+    assert DASHBOARD["time"] == {"from": f"now-{cost_model.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
     targets = {p["title"]: p["targets"] for p in DASHBOARD["panels"]}
     sent = {
         "Evaluator freshness": targets["Evaluator freshness"][0],
@@ -757,13 +757,15 @@ def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
         "Loss against the band B": targets["Loss against the band: $run"][1],
         "Paging episodes": DASHBOARD["annotations"]["list"][0]["target"],
     }
-    assert set(sent) == set(cost.DASHBOARD_TARGETS)
+    assert set(sent) == set(cost_model.DASHBOARD_TARGETS)
     # Every query the dashboard sends is priced; a panel reusing another's results sends none.
     queries = sum(1 for t in targets.values() for target in t if "panelId" not in target)
     assert queries + len(DASHBOARD["annotations"]["list"]) == len(sent)
-    assert _minutes(provision_rules(RULES_TEXT, GRAFANA_ENV)["groups"][0]["interval"]) == cost.RULE_INTERVAL_MINUTES
-    checked = [*((sent[name]["rawSql"], model) for name, model in cost.DASHBOARD_TARGETS.items())]
-    checked.append((rule_sql().replace("lossspike.", "${project}.${dataset}."), cost.RULE_TARGET))
+    assert (
+        _minutes(provision_rules(RULES_TEXT, GRAFANA_ENV)["groups"][0]["interval"]) == cost_model.RULE_INTERVAL_MINUTES
+    )
+    checked = [*((sent[name]["rawSql"], model) for name, model in cost_model.DASHBOARD_TARGETS.items())]
+    checked.append((rule_sql().replace("lossspike.", "${project}.${dataset}."), cost_model.RULE_TARGET))
     for sql, (table, window, columns) in checked:
         assert f"${{project}}.${{dataset}}.{COST_TABLES[table]}`" in sql, sql
         if window == "range":
