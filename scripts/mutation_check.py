@@ -217,7 +217,7 @@ MUTANTS = [
     ),
     Mutant(
         "the detectors' median takes the lower middle value",
-        "lossspike/detectors.py",
+        "lossspike/median.py",
         "return ((low + high) / 2.0)[..., 0]",
         "return low[..., 0]",
         [f"{DETECTORS}::test_the_detectors_median_is_nanmedian_bit_for_bit", *DETECTOR_PROPERTIES],
