@@ -548,14 +548,14 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: evaluate exits 0 with unusable override rows",
-        "lossspike/cli.py",
+        "lossspike/cli/run.py",
         'sys.stderr.write(f"lossspike: error: {terminal_safe(unusable)}\\n")\n        return 1',
         'sys.stderr.write(f"lossspike: error: {terminal_safe(unusable)}\\n")\n        return 0',
         [f"{HOSTILE_UNUSABLE}[infinity]"],
     ),
     Mutant(
         "issue 17: a silence may end after year 9999",
-        "lossspike/cli.py",
+        "lossspike/cli/overrides.py",
         "    if int(number) > room:",
         "    if False:",
         [f"{HOSTILE_ARGUMENTS}[args0---for '99999999999d': must be at most]"],
@@ -569,7 +569,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: the overrides listing prints notes raw",
-        "lossspike/cli.py",
+        "lossspike/cli/overrides.py",
         'sys.stdout.write("".join(terminal_safe(line) + "\\n" for line in out))',
         'sys.stdout.write("".join(line + "\\n" for line in out))',
         ["tests/test_hostile.py::test_notes_and_clusters_cannot_rewrite_the_terminal"],
@@ -583,7 +583,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: a locked file gets no advice",
-        "lossspike/cli.py",
+        "lossspike/cli/overrides.py",
         'if "lock" not in str(error).lower():',
         "if True:",
         ["tests/test_hostile.py::test_a_silence_while_the_local_function_holds_the_file_says_what_to_do"],
