@@ -309,17 +309,17 @@ def scanned_minutes(start: datetime, end: datetime, now: datetime, partition_min
     return max(0.0, min(high, now_m) - low)
 
 
-def _at_least_minimum(scanned: float) -> float:
+def at_least_minimum(scanned: float) -> float:
     return max(MIN_BYTES_PER_TABLE, scanned)
 
 
-def _mib(value: float) -> str:
+def mib_text(value: float) -> str:
     return f"{value / MIB:,.2f} MiB"
 
 
 def floor_bytes(fleet: Fleet) -> float:
     """SPEC's floor of a tick: the rows that arrived since the last tick, plus 10 MiB for each other read."""
-    new_rows = _at_least_minimum(fleet.telemetry_rows_per_minute * fleet.row_bytes)
+    new_rows = at_least_minimum(fleet.telemetry_rows_per_minute * fleet.row_bytes)
     return new_rows + FLOOR_OTHER_READS * MIN_BYTES_PER_TABLE
 
 
@@ -330,9 +330,9 @@ def refresh_part(fleet: Fleet, minutes: float = 1.0) -> Part:
     return Part(
         "rollup refresh (new rows)",
         "telemetry",
-        _at_least_minimum(scanned),
+        at_least_minimum(scanned),
         f"{minutes:g} min x {fleet.telemetry_rows_per_minute:,.0f} rows/min x {fleet.read_row_bytes:g} B"
-        f" = {_mib(scanned)}, at least 10 MiB",
+        f" = {mib_text(scanned)}, at least 10 MiB",
     )
 
 
@@ -400,8 +400,8 @@ def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
     return Part(
         "rollup read",
         "rollup view",
-        _at_least_minimum(total),
-        f"{'; '.join(notes)} ({how}) = {_mib(total)}, at least 10 MiB",
+        at_least_minimum(total),
+        f"{'; '.join(notes)} ({how}) = {mib_text(total)}, at least 10 MiB",
     )
 
 
@@ -412,9 +412,9 @@ def base_delta_part(fleet: Fleet) -> Part:
     return Part(
         "base rows newer than the refresh",
         "telemetry",
-        _at_least_minimum(scanned),
+        at_least_minimum(scanned),
         f"{fleet.buffer_minutes:g} min in the streaming buffer x {fleet.telemetry_rows_per_minute:,.0f} rows/min"
-        f" x {fleet.read_row_bytes:g} B = {_mib(scanned)}, at least 10 MiB (the table is referenced)",
+        f" x {fleet.read_row_bytes:g} B = {mib_text(scanned)}, at least 10 MiB (the table is referenced)",
     )
 
 
@@ -429,9 +429,9 @@ def write_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
     return Part(
         "write: existence test",
         "alerts",
-        _at_least_minimum(scanned),
+        at_least_minimum(scanned),
         f"{minutes:,.0f} min ({how}) x {per_minute:,.0f} rows/min x 8 B (evaluated_at)"
-        f" = {_mib(scanned)}, at least 10 MiB",
+        f" = {mib_text(scanned)}, at least 10 MiB",
     )
 
 
@@ -443,9 +443,9 @@ def raw_read_part(fleet: Fleet, now: datetime) -> Part:
     return Part(
         "raw query",
         "telemetry",
-        _at_least_minimum(scanned),
+        at_least_minimum(scanned),
         f"{minutes:,.0f} min of {fleet.partition.lower()} partitions x {fleet.telemetry_rows_per_minute:,.0f}"
-        f" rows/min x {fleet.read_row_bytes:g} B = {_mib(scanned)}, at least 10 MiB",
+        f" rows/min x {fleet.read_row_bytes:g} B = {mib_text(scanned)}, at least 10 MiB",
     )
 
 
@@ -534,7 +534,7 @@ def _grafana_query_bytes(fleet: Fleet, target: tuple[str, int | str, tuple[str, 
         width = sum(ALERT_BYTES[c] for c in columns)
         partition = 1440
     read = scanned_minutes(now - timedelta(minutes=minutes), now, now, partition, pruned)
-    return _at_least_minimum(read * per_minute * width)
+    return at_least_minimum(read * per_minute * width)
 
 
 def grafana_cost(fleet: Fleet, pruned: bool = True) -> dict[str, Any]:
@@ -608,12 +608,12 @@ def apart(fleet: Fleet, day: datetime = DAY) -> dict[str, Any]:
     noon = day.replace(hour=12)
     override = OVERRIDE_ROWS * OVERRIDE_ROW_BYTES
     rerun_rows = 720 * max(fleet.runs, 1) * fleet.alert_rows_per_run
-    rerun = _at_least_minimum(rerun_rows * sum(ALERT_BYTES.values()))
+    rerun = at_least_minimum(rerun_rows * sum(ALERT_BYTES.values()))
     per_buffer_minute = fleet.telemetry_rows_per_minute * fleet.read_row_bytes
     return {
         "overrides hourly re-read": {
             "bytes": MIN_BYTES_PER_TABLE,
-            "dollars_per_month": round(monthly(_at_least_minimum(override), OVERRIDES_READS_PER_MONTH), 2),
+            "dollars_per_month": round(monthly(at_least_minimum(override), OVERRIDES_READS_PER_MONTH), 2),
             "arithmetic": "one read of the override table an hour (and after each change): 10 MiB minimum",
         },
         "re-run of a minute (MERGE)": {

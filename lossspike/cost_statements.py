@@ -22,8 +22,8 @@ from lossspike.cost_model import (
     ROLLUP_BYTES,
     Fleet,
     Part,
-    _at_least_minimum,
-    _mib,
+    at_least_minimum,
+    mib_text,
     role_bytes,
     scanned_minutes,
 )
@@ -147,7 +147,7 @@ def price_select(
     # "a minimum 10 MB data processed per table referenced by the query" (on-demand pricing,
     # https://cloud.google.com/bigquery/pricing#on_demand_pricing): per table, however many scans.
     return [
-        Part(name, table, _at_least_minimum(scanned), f"{'; '.join(notes)} = {_mib(scanned)}")
+        Part(name, table, at_least_minimum(scanned), f"{'; '.join(notes)} = {mib_text(scanned)}")
         for table, (scanned, notes) in scans.items()
     ]
 
@@ -184,8 +184,8 @@ def price_refresh(view_sql: str, models: dict[str, TableModel], base: str, minut
     return Part(
         "rollup refresh (new rows)",
         base,
-        _at_least_minimum(rows * width),
-        f"{minutes:g} min x {model.rows_per_minute:,.0f} rows/min x {width:.0f} B = {_mib(rows * width)}",
+        at_least_minimum(rows * width),
+        f"{minutes:g} min x {model.rows_per_minute:,.0f} rows/min x {width:.0f} B = {mib_text(rows * width)}",
     )
 
 
@@ -219,7 +219,9 @@ def price_statement(
         sql = sql[_REFRESH_END.search(sql, call.end()).end() :]
         delta = models[base].rows_per_minute * buffer_minutes * _view_width(view_sql, models[base])
         parts.append(
-            Part("base rows newer than the refresh", base, _at_least_minimum(delta), f"{_mib(delta)}, at least 10 MiB")
+            Part(
+                "base rows newer than the refresh", base, at_least_minimum(delta), f"{mib_text(delta)}, at least 10 MiB"
+            )
         )
     written = _IF_EXISTS.match(sql.strip())
     if written:

@@ -11,13 +11,13 @@ import sys
 from collections.abc import Sequence
 
 from lossspike.cli import backtest, cost, overrides, run
-from lossspike.cli.common import UsageError, _Parser
+from lossspike.cli.common import Parser, UsageError
 from lossspike.settings import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lossspike", description="Training-loss spike alert for hero runs.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="lossspike", description="Training-loss spike alert for hero runs.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     # In this order: it is the order `lossspike --help` lists the commands in.
     run.add_parsers(commands)
     backtest.add_backtest_parser(commands)

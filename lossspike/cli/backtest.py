@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from lossspike.cli.common import _add_rule_flags, _settings
+from lossspike.cli.common import add_rule_flags, command_settings
 from lossspike.settings import ConfigError, Settings, default_text
 from lossspike.times import parse_rfc3339, wall_clock
 
@@ -38,7 +38,7 @@ def add_backtest_parser(commands: Any) -> None:
         help="score the pages against labelled incidents (CSV or JSON lines: run, kind, start, should_page,"
         " deadline_minutes, optional cluster, end, size, note)",
     )
-    _add_rule_flags(backtest)
+    add_rule_flags(backtest)
 
 
 def add_plot_parser(commands: Any) -> None:
@@ -47,7 +47,7 @@ def add_plot_parser(commands: Any) -> None:
     plot.add_argument("-o", "--output", required=True, help="PNG file to write")
     plot.add_argument("--cluster", help="cluster of the run, when its ID is on several ('unknown' for none)")
     _add_history_flags(plot, "hour")
-    _add_rule_flags(plot)
+    add_rule_flags(plot)
 
 
 def _add_history_flags(parser: argparse.ArgumentParser, default_span: str) -> None:
@@ -94,7 +94,7 @@ def _check_backtest_size(ticks: list[datetime], variants: list[Any]) -> None:
 
 def _history_settings(args: argparse.Namespace, **extra: str | None) -> Settings:
     # An explicit file means the embedded backend; otherwise LOSSSPIKE_BACKEND decides.
-    return _settings(args, database=args.database, backend="duckdb" if args.database else None, **extra)
+    return command_settings(args, database=args.database, backend="duckdb" if args.database else None, **extra)
 
 
 def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
@@ -115,7 +115,7 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
             raise ConfigError(f"--compare {item!r}: expected KEY=VALUE with KEY one of {accepted}")
         overrides[key] = value
     try:
-        other = _settings(args, **overrides)
+        other = command_settings(args, **overrides)
     except ConfigError as error:
         raise ConfigError(f"--compare: {error}") from None
     return [base.thresholds, other.thresholds]

@@ -14,7 +14,7 @@ from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, loa
 from lossspike.times import parse_rfc3339, wall_clock
 
 # Settings a command line can override; backend and cloud settings come from the environment.
-_RULE_FLAGS = tuple(
+RULE_FLAGS = tuple(
     o.key
     for o in OPTIONS
     if o.key in {f.name for f in dataclasses.fields(Thresholds)} | {f.name for f in dataclasses.fields(Selection)}
@@ -26,27 +26,27 @@ class UsageError(Exception):
     """A command line the parser rejects."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: scripts read stderr too.
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def _add_rule_flags(parser: argparse.ArgumentParser) -> None:
+def add_rule_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("rule and enrollment (override LOSSSPIKE_* variables)")
     by_key = {o.key: o for o in OPTIONS}
-    for key in _RULE_FLAGS:
+    for key in RULE_FLAGS:
         option = by_key[key]
         # argparse %-formats help; the run pattern's default has a literal %.
         help_text = f"{option.help} [{default_text(key)}]".replace("%", "%%")
         group.add_argument(option.flag, dest=key, metavar=key.upper(), help=help_text)
 
 
-def _add_now(parser: argparse.ArgumentParser) -> None:
+def add_now(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--now", help="evaluation time, RFC 3339 (default: the wall clock)")
 
 
-def _now(args: argparse.Namespace) -> datetime:
+def tick_now(args: argparse.Namespace) -> datetime:
     if args.now is None:
         return wall_clock()
     try:
@@ -55,7 +55,7 @@ def _now(args: argparse.Namespace) -> datetime:
         raise ConfigError(f"--now: {error}") from None
 
 
-def _settings(args: argparse.Namespace, **extra: str | None) -> Settings:
-    overrides: dict[str, str | None] = {key: getattr(args, key, None) for key in _RULE_FLAGS}
+def command_settings(args: argparse.Namespace, **extra: str | None) -> Settings:
+    overrides: dict[str, str | None] = {key: getattr(args, key, None) for key in RULE_FLAGS}
     overrides.update(extra)
     return load_settings(os.environ, overrides)

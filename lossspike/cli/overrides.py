@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lossspike.cli.common import _now
+from lossspike.cli.common import tick_now
 from lossspike.overrides import THRESHOLD_COLUMNS
 from lossspike.settings import OPTIONS, ConfigError, default_text, load_settings
 from lossspike.times import format_rfc3339, parse_rfc3339
@@ -231,7 +231,7 @@ def _describe_override(row: Any) -> str:
 
 
 def _cmd_silence(args: argparse.Namespace) -> int:
-    now = _now(args)
+    now = tick_now(args)
     values: dict[str, Any] = {}
     if args.duration is not None:
         values["silenced_until"] = _silence_end(args.duration, now)
@@ -282,7 +282,7 @@ def _cmd_override(args: argparse.Namespace) -> int:
     problems = threshold_problems(SimpleNamespace(**merged))
     if problems:
         raise ConfigError("override refused: " + "; ".join(problems))
-    now = _now(args)
+    now = tick_now(args)
     return _write_override(table, _override_row(args, table, now, **values), now)
 
 
@@ -290,7 +290,7 @@ def _cmd_overrides(args: argparse.Namespace) -> int:
     from lossspike.overrides import describe_unusable, in_force, unusable_rows
     from lossspike.render import terminal_safe
 
-    now = _now(args)
+    now = tick_now(args)
     table = _OverrideTable(args)
     rows = table.read(now)
     unusable = unusable_rows(rows, now, table.settings.thresholds)

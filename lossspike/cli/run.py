@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from lossspike.cli.common import _add_now, _add_rule_flags, _now, _settings
+from lossspike.cli.common import add_now, add_rule_flags, command_settings, tick_now
 from lossspike.settings import OPTIONS, default_text, load_settings
 from lossspike.times import format_rfc3339
 
@@ -23,14 +23,14 @@ def add_parsers(commands: Any) -> None:
     evaluate.add_argument(
         "--database", help=f"DuckDB file with a telemetry table [$LOSSSPIKE_DATABASE or {default_text('database')}]"
     )
-    _add_now(evaluate)
+    add_now(evaluate)
     evaluate.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
     evaluate.add_argument("--no-write", action="store_true", help="print only; do not write loss_spike_alerts")
-    _add_rule_flags(evaluate)
+    add_rule_flags(evaluate)
 
     demo = commands.add_parser("demo", help="build a synthetic fleet and evaluate it")
     demo.add_argument("--database", default=DEMO_DATABASE, help=f"file to (re)create [{DEMO_DATABASE}]")
-    _add_now(demo)
+    add_now(demo)
 
     sql = commands.add_parser("sql", help="print the tick's query and its parameters")
     sql.add_argument("--dialect", choices=("bigquery", "duckdb"), default="bigquery")
@@ -46,8 +46,8 @@ def add_parsers(commands: Any) -> None:
         default="contract",
         help="the telemetry table's shape (docs/data-contracts.md); a store reads it from the table [contract]",
     )
-    _add_now(sql)
-    _add_rule_flags(sql)
+    add_now(sql)
+    add_rule_flags(sql)
 
     commands.add_parser("config", help="print every setting, its variable and its effective value")
 
@@ -57,8 +57,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from lossspike.evaluate import evaluate_tick
     from lossspike.render import render, terminal_safe
 
-    settings = _settings(args, database=args.database, backend="duckdb")
-    now = _now(args)
+    settings = command_settings(args, database=args.database, backend="duckdb")
+    now = tick_now(args)
     with DuckDBStore(
         settings.database, settings.telemetry_table, settings.alerts_table, read_only=args.no_write
     ) as store:
@@ -79,10 +79,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from lossspike.evaluate import evaluate
     from lossspike.render import render
 
-    now = _now(args).replace(second=0, microsecond=0)
+    now = tick_now(args).replace(second=0, microsecond=0)
     path = Path(args.database)
     written = write_demo_database(path, now)
-    settings = _settings(args, database=str(path), backend="duckdb")
+    settings = command_settings(args, database=str(path), backend="duckdb")
     with DuckDBStore(path, settings.telemetry_table, settings.alerts_table) as store:
         rows = evaluate(store, settings, now)
         store.write_alerts(rows)
@@ -124,8 +124,8 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.schema import SHAPES
     from lossspike.tick_sql import tick_read_query
 
-    settings = _settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
-    now = _now(args)
+    settings = command_settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
+    now = tick_now(args)
     shape = SHAPES[args.shape]
     if args.rollup_table:
         from lossspike.dialects import BIGQUERY
