@@ -169,8 +169,15 @@ def _checks_as_of(
     metric's window and freshness, the evaluations and loss_jump's levels as of then (SPEC.md
     "Pending period"), of the attempt judged now."""
     end = int((now - minutes.instant(0)) // timedelta(microseconds=1))
+    # Every check of the run asks for the same ticks: each is read once.
+    seen: dict[int, CheckData | None] = {}
 
     def at(k: int) -> CheckData | None:
+        if k not in seen:
+            seen[k] = read_at(k)
+        return seen[k]
+
+    def read_at(k: int) -> CheckData | None:
         tick = end - k * minutes.MICROS_PER_MINUTE
         metrics = {key: m for key, series in runs.checks[i].items() if (m := series.as_of(tick)) is not None}
         evals = runs.evals[i].as_of(tick) if runs.evals[i] is not None else []

@@ -423,16 +423,16 @@ def tick_runs(
     evals: list[EvalSeries | None] = [None for _ in range(size)]
     rows, owner = rows_of("eval", True, ["minute", "eval_last_finite", "eval_last_finite_at"])
     if rows.num_rows:
-        values = rows.column("eval_last_finite").to_pylist()
-        at = micros(rows, "eval_last_finite_at")
         minute = micros(rows, "minute")
-        found: list[list[tuple[int, float, int]]] = [[] for _ in range(size)]
-        for i, who in enumerate(owner.tolist()):
-            found[who].append((int(minute[i]), float(values[i]), int(at[i])))
-        for i, mine in enumerate(found):
-            if mine:
-                mine.sort()
-                evals[i] = EvalSeries([m for m, _, _ in mine], [v for _, v, _ in mine], [a for _, _, a in mine])
+        at = micros(rows, "eval_last_finite_at")
+        values = filled(rows, "eval_last_finite", np.nan, np.float64)
+        # Each run's minutes oldest first (ties in minute, which merged rows can have, by time
+        # then value), split into runs' slices at once rather than row by row.
+        order = np.lexsort((values, at, minute, owner))
+        who, minute, at, values = owner[order], minute[order].tolist(), at[order].tolist(), values[order].tolist()
+        starts = np.r_[0, np.flatnonzero(np.diff(who)) + 1, len(who)].tolist()
+        for start, stop in zip(starts[:-1], starts[1:], strict=True):
+            evals[int(who[start])] = EvalSeries(minute[start:stop], values[start:stop], at[start:stop])
     floors = np.full((size, loss_before + hour), np.inf)
     floor_counts = np.zeros((size, loss_before + hour), dtype=np.int64)
     floors[:, loss_before:] = grid.floor

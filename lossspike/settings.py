@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
@@ -316,14 +317,22 @@ _GROUPS = {
 }
 
 
+@cache
+def _defaults() -> tuple[Thresholds, Selection, Settings]:
+    # Built once: every command line's help text asks for a few hundred defaults, and each
+    # construction validates the whole group.
+    return Thresholds(), Selection(), Settings()
+
+
 def default_text(key: str) -> str:
     """The default of a setting as a user would write it."""
-    for cls, names in _GROUPS.items():
-        if key in names:
-            value = getattr(cls(), key)
-            break
+    thresholds, selection, settings = _defaults()
+    if key in _GROUPS[Thresholds]:
+        value = getattr(thresholds, key)
+    elif key in _GROUPS[Selection]:
+        value = getattr(selection, key)
     else:
-        value = getattr(Settings(), key)
+        value = getattr(settings, key)
     if value is None:
         return "default" if key == "checks" else "unset" if key in _GROUPS[Thresholds] else "auto"
     if isinstance(value, tuple):
@@ -353,11 +362,14 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
                 sources[option.key] = source
             except ValueError as error:
                 problems.append(f"{source}={raw!r}: {error}")
-    # The publisher's identity variables (lossspike.publish) may share a training job's environment.
-    from lossspike.publish import ENV_NAMES as publisher_env
-
-    known = {o.env for o in OPTIONS} | set(publisher_env)
+    known = {o.env for o in OPTIONS}
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        # The publisher's identity variables may share a training job's environment; its
+        # module is imported only then, so a tick does not pay for it.
+        from lossspike.publish import ENV_NAMES as publisher_env
+
+        unknown = [k for k in unknown if k not in publisher_env]
     problems.extend(f"{k}: unknown setting (docs/configuration.md lists them all)" for k in unknown)
     if problems:
         raise ConfigError("; ".join(problems))
