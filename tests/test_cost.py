@@ -46,6 +46,12 @@ def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at
         # seed, 1.378x defaults; without seq it was 1.138x and 1.316x). The day it meets the
         # target this fails, and the exception goes.
         assert not met, "telemetry_v1 meets its target now: remove this known miss"
+        # The miss is those columns and nothing else: with the refresh's extra bytes a row
+        # (against the contract's eight) taken off, every tick is within the target.
+        contract = cost_model.Fleet(runs=runs, detectors=fleet.detectors, checks=fleet.checks)
+        extra = fleet.telemetry_rows_per_minute * (fleet.read_row_bytes - contract.read_row_bytes)
+        for tick in ticks.values():
+            assert tick["bytes"] - extra <= target * tick["bytes"] / tick["ratio"], tick
         worst = max(t["ratio"] for t in ticks.values())
         pytest.xfail(f"telemetry_v1, {rules}, 1,000 runs: {worst}x, target {target}x")
     assert met, ticks
