@@ -1,20 +1,32 @@
-"""The lossspike tracker inside Levanter's own machinery, in Levanter's own environment (.tools/levanter).
+"""The lossspike tracker in a real Levanter training run, in Levanter's own environment (.tools/levanter).
 
-tests/levanter_run.py runs in that venv as a subprocess: Levanter parses a
-TrainerConfig whose tracker list names `type: lossspike` twice (a DuckDB file
-and the BigQuery emulator through the Storage Write API), builds the global
-tracker as TrainerConfig.initialize does, and a JAX loop logs through
-levanter.tracker.log. Then `lossspike evaluate` judges the DuckDB rows, and
-the emulator holds the same rows.
+tests/levanter_run.py runs in that venv as a subprocess: Levanter's own
+`train_lm` trains a 2-layer, 32-wide GPT-2 for a few dozen steps on CPU, on a
+synthetic corpus with a synthetic tokenizer (no network). Its TrainLmConfig's
+tracker list names `type: lossspike` twice (a DuckDB file and the BigQuery
+emulator through the Storage Write API), so every row comes from Levanter's
+trainer and callbacks. Then `lossspike evaluate` and the backtest judge the
+DuckDB rows, and the emulator holds the same rows.
 
-Not a full Levanter training run (model, data loader, Trainer): see
-docs/publishing.md, "How it is tested", for why and what that leaves out.
+Levanter facts the assertions rest on, read in the installed marin-levanter
+0.2.20.dev202606180959 (site-packages/levanter/):
+- trainer.py `TrainerHooks.run_hooks`: hooks fire only after step 1
+  (`info.step > 1`), and `Trainer.train` forces them once more after the last
+  step, so `train/loss` (callbacks/_metrics.py `log_step_info`) arrives at
+  steps 2..N-1 and again at N-1.
+- trainer.py `Trainer.train_step`: with `crash_on_nan`/`crash_on_inf` (both
+  true by default) a non-finite loss raises before any hook logs it; the
+  diverging run turns them off so the NaN reaches the tracker.
+- callbacks/_metrics.py `log_performance_stats`: logs `throughput/*` every step
+  and a `throughput/device_kind` string summary, which is not a metric.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -30,7 +42,33 @@ SETUP = "bash tools/levanter/setup.sh"
 PROJECT = "lossspike-levanter"
 TABLE = f"{PROJECT}.obs.telemetry"
 SCHEMA = (*bqserver.TELEMETRY_SCHEMA_FIELDS, ("process_index", "INT64"), ("step", "INT64"))
-STEPS = 40
+STEPS = 30
+# Adam at this rate learns the corpus; at DIVERGING_LR the loss reaches ~1e9 in three logged steps, then NaN.
+CONVERGING_LR, DIVERGING_LR = 0.01, 1e4
+# Levanter's trainer and default callbacks log these on every run (trainer.py, callbacks/_metrics.py,
+# callbacks/watch.py's default interval of 10 steps for the norms; parameter_count in train_lm.py).
+LEVANTER_METRICS = {
+    "train_loss",
+    "run_progress",
+    "optim_learning_rate",
+    "throughput_duration",
+    "throughput_tokens_per_second",
+    "throughput_examples_per_second",
+    "throughput_loading_time",
+    "throughput_hook_time",
+    "grad_norm_total",
+    "params_norm_total",
+    "parameter_count",
+}
+# Nothing may reach the network: Hugging Face and W&B stay offline, and MARIN_PREFIX keeps Marin's
+# storage prefix local (rigging/filesystem.py otherwise asks the GCE metadata server).
+OFFLINE_ENV = {
+    "JAX_PLATFORMS": "cpu",
+    "WANDB_MODE": "disabled",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 def levanter_python() -> Path:
@@ -57,11 +95,40 @@ def emulator():
         client.close()
 
 
-def _train(python: Path, config: Path, run_id: str, learning_rate: float) -> None:
+def train_lm_config(work: Path, database: Path, grpc: str) -> str:
+    """Levanter's TrainLmConfig: a tiny GPT-2, local data and tokenizer, the lossspike tracker twice."""
+    identity = "job_id: job-1, execution_uid: uid-1, cluster: local"
+    return f"""\
+data:
+  tokenizer: {work / "tokenizer"}
+  cache_dir: {work / "cache"}
+  components:
+    synthetic:
+      source: {{type: url, train_urls: ["{work / "corpus.jsonl"}"]}}
+model:
+  type: gpt2
+  hidden_dim: 32
+  num_heads: 2
+  num_layers: 2
+  max_seq_len: 64
+  tokenizer: {work / "tokenizer"}
+trainer:
+  num_train_steps: {STEPS}
+  train_batch_size: 8
+  require_accelerator: false
+  checkpointer: {{base_path: {work / "checkpoints"}}}
+  tracker:
+    - {{type: lossspike, sink: duckdb, path: {database}, {identity}}}
+    - {{type: lossspike, sink: bigquery, table: {TABLE}, endpoint: '{grpc}', {identity}}}
+    - {{type: noop}}
+"""
+
+
+def _train(python: Path, config: Path, run_id: str, *overrides: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOSSSPIKE_", "VIRTUAL_ENV"))}
-    env |= {"JAX_PLATFORMS": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": ""}
+    env |= OFFLINE_ENV | {"PYTHONPATH": "", "MARIN_PREFIX": str(config.parent / "marin")}
     result = subprocess.run(
-        [str(python), str(REPO / "tests" / "levanter_run.py"), str(config), run_id, str(STEPS), str(learning_rate)],
+        [str(python), str(REPO / "tests" / "levanter_run.py"), str(config), "--trainer.id", run_id, *overrides],
         capture_output=True,
         text=True,
         env=env,
@@ -75,20 +142,19 @@ def test_a_levanter_run_published_by_the_tracker_is_judged_by_evaluate(tmp_path:
     python = levanter_python()
     endpoint, client = emulator
     database = tmp_path / "telemetry.duckdb"
-    config = tmp_path / "trainer.yaml"
-    # Levanter's config shape: trainer.tracker is a list of TrackerConfig choices, each by `type`.
-    identity = "job_id: job-1, execution_uid: uid-1, cluster: local"
-    grpc = f"127.0.0.1:{bqserver.GRPC_PORTS[endpoint]}"
-    config.write_text(
-        "tracker:\n"
-        f"  - {{type: lossspike, sink: duckdb, path: {database}, {identity}}}\n"
-        f"  - {{type: lossspike, sink: bigquery, table: {TABLE}, endpoint: '{grpc}', {identity}}}\n"
-        "  - {type: noop}\n"
-    )
+    config = tmp_path / "train_lm.yaml"
+    config.write_text(train_lm_config(tmp_path, database, f"127.0.0.1:{bqserver.GRPC_PORTS[endpoint]}"))
     started = time.monotonic()
-    _train(python, config, "hero-lev-converges", 0.05)
-    _train(python, config, "hero-lev-diverges", 5.0)  # too large a step: the loss overflows to inf, then NaN
-    print(f"two Levanter runs: {time.monotonic() - started:.1f} s")
+    _train(python, config, "hero-lev-converges", "--optimizer.learning_rate", str(CONVERGING_LR))
+    first_run = time.monotonic() - started
+    _train(
+        python,
+        config,
+        "hero-lev-diverges",
+        *("--optimizer.learning_rate", str(DIVERGING_LR)),
+        *("--trainer.crash_on_nan", "false", "--trainer.crash_on_inf", "false"),
+    )
+    print(f"two Levanter train_lm runs: {first_run:.1f} s + {time.monotonic() - started - first_run:.1f} s")
 
     with duckdb.connect(str(database), read_only=True) as connection:
         rows = connection.execute(
@@ -96,12 +162,19 @@ def test_a_levanter_run_published_by_the_tracker_is_judged_by_evaluate(tmp_path:
         ).fetchall()
         newest = connection.execute("SELECT max(timestamp) FROM telemetry").fetchone()[0]
     names = {name for _, name, *_ in rows}
-    # Levanter keys, normalised; global_step is the step column, not a row (Levanter's telemetry writer).
-    assert names == {"train_loss", "grad_norm_total", "optim_learning_rate", "phase"}
+    assert LEVANTER_METRICS | {"phase"} <= names, LEVANTER_METRICS - names
+    # Levanter keys, normalised; global_step is the step column, not a row (Levanter's telemetry
+    # writer), and the device_kind string summary is not a metric.
+    assert all(re.fullmatch("[a-z0-9_]+", name) for name in names), names
+    assert not names & {"global_step", "step", "throughput_device_kind"}
     losses = [r for r in rows if r[0] == "hero-lev-converges" and r[1] == "train_loss"]
-    assert [r[2] for r in losses] == list(range(STEPS)) and losses[-1][3] < losses[0][3] / 10
+    # Hooks fire from step 2 on, and once more, forced, after the last step (trainer.py run_hooks, train).
+    assert [r[2] for r in losses] == [*range(2, STEPS), STEPS - 1]
+    assert all(math.isfinite(r[3]) for r in losses) and losses[-1][3] < losses[0][3] * 0.8
     phases = [(r[3], r[2]) for r in rows if r[0] == "hero-lev-converges" and r[1] == "phase"]
-    assert phases == [(0.0, None), (1.0, 0), (2.0, STEPS - 1)]
+    assert phases == [(0.0, None), (1.0, 2), (2.0, STEPS - 1)]
+    diverged = [r[3] for r in rows if r[0] == "hero-lev-diverges" and r[1] == "train_loss"]
+    assert math.isfinite(diverged[0]) and math.isnan(diverged[-1])
     assert {(r[4], r[5]) for r in rows} == {(0, "levanter")}
 
     # The same rows reached BigQuery (the emulator) through the Storage Write API.
