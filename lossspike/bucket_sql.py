@@ -26,7 +26,8 @@ from lossspike.selection import CHECK_METRICS, DENSE_CHECK_METRICS, Selection, m
 LOSS_ROLE, EVAL_ROLE, OTHER_ROLE = "loss", "eval", ""
 # What a bucket keeps of each check metric: its finite count and sum (sums, per-minute
 # means), its newest value and time (a page check fires on a non-finite one), and its
-# newest finite value and time (a notify check ignores non-finite values).
+# newest finite value and time (a notify check ignores non-finite values); newest by time, then
+# seq where the table has it.
 CHECK_PARTS = {
     "finite": "INT64",
     "sum": "FLOAT64",
@@ -57,8 +58,8 @@ MINUTE_TYPES = {
     "job": "STRING",
     "job_at": "TIMESTAMP",
     **{f"{key}_{part}": kind for key in CHECK_METRICS for part, kind in CHECK_PARTS.items()},
-    # The phase metric's newest value and its time, and its oldest time (how long an attempt
-    # has been initializing, within what the read covers).
+    # The phase metric's newest value (by time, then seq) and its time, and its oldest time (how
+    # long an attempt has been initializing, within what the read covers).
     "phase_last": "FLOAT64",
     "phase_last_at": "TIMESTAMP",
     "phase_first_at": "TIMESTAMP",
@@ -80,7 +81,8 @@ _KEY_DIGITS = 19
 
 
 def newest_job(dialect: Dialect, time: str = "timestamp") -> str:
-    """The newest non-empty job_id among a group's samples (by `time`), NULL if none."""
+    """The newest non-empty job_id among a group's samples by `time` (a time or a seq_tie_key),
+    NULL if none."""
     return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format(JOB_PRESENT, time))
 
 
