@@ -26,7 +26,8 @@ from lossspike.selection import CHECK_METRICS, DENSE_CHECK_METRICS, Selection, m
 LOSS_ROLE, EVAL_ROLE, OTHER_ROLE = "loss", "eval", ""
 # What a bucket keeps of each check metric: its finite count and sum (sums, per-minute
 # means), its newest value and time (a page check fires on a non-finite one), and its
-# newest finite value and time (a notify check ignores non-finite values).
+# newest finite value and time (a notify check ignores non-finite values); newest by time, then
+# seq where the table has it.
 CHECK_PARTS = {
     "finite": "INT64",
     "sum": "FLOAT64",
@@ -57,8 +58,8 @@ MINUTE_TYPES = {
     "job": "STRING",
     "job_at": "TIMESTAMP",
     **{f"{key}_{part}": kind for key in CHECK_METRICS for part, kind in CHECK_PARTS.items()},
-    # The phase metric's newest value and its time, and its oldest time (how long an attempt
-    # has been initializing, within what the read covers).
+    # The phase metric's newest value (by time, then seq) and its time, and its oldest time (how
+    # long an attempt has been initializing, within what the read covers).
     "phase_last": "FLOAT64",
     "phase_last_at": "TIMESTAMP",
     "phase_first_at": "TIMESTAMP",
@@ -80,7 +81,8 @@ _KEY_DIGITS = 19
 
 
 def newest_job(dialect: Dialect, time: str = "timestamp") -> str:
-    """The newest non-empty job_id among a group's samples (by `time`), NULL if none."""
+    """The newest non-empty job_id among a group's samples by `time` (a time or a seq_tie_key),
+    NULL if none."""
     return dialect.newest.format("NULLIF(job_id, '')", dialect.if_.format(JOB_PRESENT, time))
 
 
@@ -243,7 +245,9 @@ def loss_buckets(
         "sample_at": "MAX(timestamp)",
         **{c: "0" if MINUTE_TYPES[c] == "INT64" else typed_null(c) for c in LOSS_COLUMNS},
         **job,
-        "phase_last": d.newest.format("phase_value", "phase_at"),
+        # The newest phase row by (time, seq): a run's last step and finish() may write TRAINING
+        # and FINISHED in one millisecond, and FINISHED is the one Finelog wrote later.
+        "phase_last": d.newest.format("phase_value", "seq_key" if shape.has_seq else "phase_at"),
         "phase_last_at": "MAX(phase_at)",
         "phase_first_at": "MIN(phase_at)",
         "choosing_seq": choosing_seq,
@@ -292,6 +296,15 @@ def check_minutes(
     params["metric"], params["eval_metric"] = selection.metric, selection.eval_metric
     names = metric_names(selection)
     finite = d.finite.format("value")
+    # Where the table has seq, a row's (time, seq) tie key orders the newest values: rows of one
+    # metric sharing an instant go to the one Finelog wrote later (the scan reads seq anyway).
+    newest_by = "timestamp"
+    finite_by = "finite_at"
+    keyed = []
+    if shape.has_seq:
+        key = seq_tie_key(d, row_time_integer(d, shape), "COALESCE(seq, 0)")
+        keyed = [f"{key} AS seq_key", f"{d.if_.format(finite, key)} AS finite_key"]
+        newest_by, finite_by = "seq_key", "finite_key"
     columns = [
         "COALESCE(NULLIF(cluster, ''), 'unknown') AS run_cluster",
         "run_id",
@@ -302,6 +315,7 @@ def check_minutes(
         as_timestamp(d, shape),
         f"{d.if_.format(finite, 'value')} AS finite_value",
         f"{d.if_.format(finite, instant(d, shape))} AS finite_at",
+        *keyed,
     ]
     # One read per window, each filtering on its own time and names: an engine prunes the
     # dense metrics' read to its minutes and filters the day's rows by name as it scans them.
@@ -326,9 +340,9 @@ def check_minutes(
   run_cluster, run_id, execution_uid, bucket_minute, name,
   COUNT(finite_value) AS finite,
   SUM(finite_value) AS sum,
-  {d.newest.format("value", "timestamp")} AS last,
+  {d.newest.format("value", newest_by)} AS last,
   MAX(timestamp) AS last_at,
-  {d.newest.format("finite_value", "finite_at")} AS last_finite,
+  {d.newest.format("finite_value", finite_by)} AS last_finite,
   MAX(finite_at) AS last_finite_at
 FROM (
   {rows}

@@ -82,6 +82,11 @@ def minute_buckets(
     def when(condition: str, value: str) -> str:
         return d.if_.format(condition, value)
 
+    # Each newest value of a bucket by (time, seq) where the table has seq: rows of one metric
+    # sharing an instant go to the one Finelog wrote later (the refresh reads seq anyway).
+    row_seq = "COALESCE(seq, 0)"
+    newest_key = seq_tie_key(d, row_time_integer(d, shape), row_seq) if shape.has_seq else t
+
     role = f"CASE WHEN {is_loss} THEN '{LOSS_ROLE}' WHEN name = {checks['eval']} THEN '{EVAL_ROLE}' ELSE '' END"
     base = when(f"{is_loss} AND {finite}", "TRUNC(value)")
     columns = {
@@ -101,25 +106,23 @@ def minute_buckets(
         "loss_floor": f"MIN({when(f'{is_loss} AND {finite}', 'value')})",
         "loss_peak": f"MAX({when(f'{is_loss} AND {finite}', 'value')})",
         "last_loss_at": f"MAX({when(is_loss, t)})",
-        "job": newest_job(d, t),
+        "job": newest_job(d, newest_key),
         "job_at": f"MAX({when(JOB_PRESENT, t)})",
     }
     for key, name in checks.items():
         mine, fine = f"name = {name}", f"name = {name} AND {finite}"
         columns[f"{key}_finite"] = d.count_if.format(fine)
         columns[f"{key}_sum"] = f"SUM({when(fine, 'value')})"
-        columns[f"{key}_last"] = d.newest.format(when(mine, "value"), when(mine, t))
+        columns[f"{key}_last"] = d.newest.format(when(mine, "value"), when(mine, newest_key))
         columns[f"{key}_last_at"] = f"MAX({when(mine, t)})"
-        columns[f"{key}_last_finite"] = d.newest.format(when(fine, "value"), when(fine, t))
+        columns[f"{key}_last_finite"] = d.newest.format(when(fine, "value"), when(fine, newest_key))
         columns[f"{key}_last_finite_at"] = f"MAX({when(fine, t)})"
-    columns["phase_last"] = d.newest.format(when(phase, "value"), when(phase, t))
+    columns["phase_last"] = d.newest.format(when(phase, "value"), when(phase, newest_key))
     columns["phase_last_at"] = f"MAX({when(phase, t)})"
     columns["phase_first_at"] = f"MIN({when(phase, t)})"
     if shape.has_seq:
         chooses = f"({is_loss} OR {phase})"
-        row_seq = "COALESCE(seq, 0)"
-        key = seq_tie_key(d, row_time_integer(d, shape), row_seq)
-        columns["choosing_seq"] = d.newest.format(when(chooses, row_seq), when(chooses, key))
+        columns["choosing_seq"] = d.newest.format(when(chooses, row_seq), when(chooses, newest_key))
     else:
         # An aggregate, like every other column of the view.
         columns["choosing_seq"] = f"MAX(CAST(NULL AS {d.types.get('INT64', 'INT64')}))"

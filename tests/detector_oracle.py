@@ -181,7 +181,7 @@ def newest_attempt(samples: list[Sample], choosing: tuple[str, ...] = ()) -> str
     pool = [s for s in samples if s.name in choosing] or samples
     best = max(
         pool,
-        key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0, s.execution_uid is not None, s.execution_uid or ""),
+        key=lambda s: (s.timestamp, s.seq or 0, s.execution_uid is not None, s.execution_uid or ""),
     )
     return best.execution_uid
 
@@ -433,7 +433,8 @@ class CheckRow:
 
 
 def _newest(samples: list[Sample]) -> Sample | None:
-    return max(samples, key=lambda s: s.timestamp, default=None)
+    """The newest sample by time, then `seq` (facts section 2: Marin's newest-row order)."""
+    return max(samples, key=lambda s: (s.timestamp, s.seq or 0), default=None)
 
 
 def check_row(

@@ -47,6 +47,8 @@ class Sample:
     service: str = "levanter"
     job_id: str | None = "job-1"
     execution_uid: str | None = "attempt-1"
+    # Finelog's write order, on a table that has it (tests/shapes.py); None counts as 0.
+    seq: int | None = None
 
 
 class Row(dict):
@@ -135,7 +137,7 @@ def phase_of(rows: list[Sample], phase: str, loss: str) -> tuple[float, datetime
     mine = [s for s in rows if s.name == phase]
     if not mine:
         return None
-    newest = max(mine, key=lambda s: (s.timestamp, getattr(s, "seq", None) or 0))
+    newest = max(mine, key=lambda s: (s.timestamp, s.seq or 0))
     oldest = min(s.timestamp for s in mine)
     return newest.value, newest.timestamp, oldest, sum(1 for s in rows if s.name == loss)
 
@@ -284,7 +286,9 @@ def expected(
         # SPEC "Phase": the phase of the attempt of the run's newest loss or phase row.
         choosing = [s for s in rs if s.name in (sel.metric, sel.phase_metric)]
         if choosing:
-            attempt = max(choosing, key=lambda s: (s.timestamp, s.execution_uid is not None, s.execution_uid or ""))
+            attempt = max(
+                choosing, key=lambda s: (s.timestamp, s.seq or 0, s.execution_uid is not None, s.execution_uid or "")
+            )
             mine = [s for s in rs if s.execution_uid == attempt.execution_uid]
             forced, note, finished = phase_verdict(
                 phase_of(mine, sel.phase_metric, sel.metric),

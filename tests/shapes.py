@@ -91,7 +91,8 @@ def shaped_rows(samples: list[Sample], shape: str, processes: int = 1) -> list[d
                 "value": s.value,
                 "mean": None,
                 "variance": None,
-                "seq": seq,
+                # A sample's own seq where it has one (a planted tie), else the write order.
+                "seq": seq if s.seq is None else s.seq,
                 "cluster": s.cluster,
             }
             rows.append(row)

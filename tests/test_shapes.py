@@ -10,10 +10,12 @@ publish (facts 2: every process published every metric until August 2026).
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 import pytest
 from conftest import NOW, load_telemetry
+from detector_oracle import Config, assert_matches, expect
 from oracle import Sample
 from shapes import load_duckdb, shaped_rows, whole_ms
 from telemetry import telemetry_samples
@@ -118,8 +120,6 @@ def test_one_history_stored_three_ways_gives_the_same_seed_windows_and_plot_samp
 
 
 def replace_runs(selection: Selection, run: str) -> Selection:
-    from dataclasses import replace
-
     return replace(selection, run_ids=(run,))
 
 
@@ -269,3 +269,195 @@ def test_kind_is_read_only_where_a_value_alone_does_not_mark_a_sample(summaries_
     # With summaries apart the odd rows are a broken table's (Finelog never writes them) and count;
     # without, kind keeps them out and the run reads as its samples do.
     assert row["baseline_samples"] == (22 if summaries_apart else 11)
+
+
+# --- seq breaks every other newest-row tie -------------------------------------------------------
+
+# Marin orders every newest-row choice by timestamp_ms DESC, then seq DESC (facts section 2, "seq as
+# a tiebreaker"). Each pair below is (the seq of the row that must lose, the seq of the one that must
+# win) when the second is larger: new rows, migrated ones (negative, MIGRATED_SEQ_START), and a
+# migrated row against a new one. Each is planted in both orders of insertion, and reversed.
+SEQ_PAIRS = [(5, 10**6), (-9, -3), (-4, 7)]
+TIED_SEQS = [(a, b) for low, high in SEQ_PAIRS for a, b in ((low, high), (high, low))]
+# The run's last step and finish() write TRAINING and FINISHED in one millisecond (facts section 3:
+# FINISHED at finish(); a step's phase row is republished with it).
+FINISH_AT = NOW - timedelta(minutes=20)
+TICK_AT = NOW - timedelta(seconds=12)
+TRAINING, FINISHED = 1.0, 2.0
+
+
+def finishing_run(training_seq: int, finished_seq: int, finished_first: bool, run: str = "hero-done") -> list[Sample]:
+    """A run that trains for 38 minutes and stops 20 minutes ago with TRAINING and FINISHED at
+    its last instant, given those seqs, inserted in the order asked for."""
+    losses = [Sample(FINISH_AT - timedelta(seconds=20 * k), 2.0 + 0.002 * k, run) for k in range(114)]
+    phases = [Sample(FINISH_AT - timedelta(seconds=60 * k), TRAINING, run, name="phase") for k in range(1, 38)]
+    tie = [
+        Sample(FINISH_AT, TRAINING, run, name="phase", seq=training_seq),
+        Sample(FINISH_AT, FINISHED, run, name="phase", seq=finished_seq),
+    ]
+    return whole_ms([*losses, *phases, *(reversed(tie) if finished_first else tie)])
+
+
+def finished_verdict(training_seq: int, finished_seq: int) -> tuple:
+    """What a user sees of the run: finished (silenced, no page) when FINISHED was written later."""
+    if finished_seq > training_seq:
+        return "stalled", 0, True, f"the run published FINISHED at {FINISH_AT:%Y-%m-%dT%H:%M:%SZ}"
+    return "stalled", 1, False, f"silent: no loss or phase row since {FINISH_AT:%Y-%m-%dT%H:%M:%SZ}"
+
+
+def loss_row(rows: list[dict]) -> tuple:
+    [row] = [r for r in rows if r["metric"] is None]
+    return row["reason"], row["value"], row["silenced"], row["note"]
+
+
+def seq_store(samples: list[Sample], shape: str = "levanter.metrics") -> DuckDBStore:
+    store = DuckDBStore(":memory:")
+    load_duckdb(store.connection, shaped_rows(samples, shape), shape)
+    return store
+
+
+def assert_backtest_agrees(store: DuckDBStore, settings: Settings, since: datetime) -> None:
+    ticks = tick_times(since, NOW)
+    [result] = backtest(store, settings, ticks, detail=True)
+    for i, tick in enumerate(ticks):
+        assert_same(result.rows_at(i), evaluate(store, settings, tick), f"backtest at {tick:%H:%M}")
+
+
+@pytest.mark.parametrize("finished_first", [False, True])
+@pytest.mark.parametrize(("training_seq", "finished_seq"), TIED_SEQS)
+@pytest.mark.parametrize("shape", REAL_SHAPES)
+def test_a_finished_run_whose_finish_shares_its_last_steps_instant_reads_finished(
+    shape, training_seq, finished_seq, finished_first
+):
+    samples = finishing_run(training_seq, finished_seq, finished_first)
+    store = seq_store(samples, shape)
+    assert loss_row(evaluate(store, Settings(), NOW)) == finished_verdict(training_seq, finished_seq)
+    assert_matches(evaluate(store, Settings(), NOW), expect(samples, NOW, Config()))
+    # The stall appears 15 minutes after the finish: the backtest's ticks see it appear.
+    assert_backtest_agrees(store, Settings(), FINISH_AT + timedelta(minutes=14))
+
+
+def tied_metric(
+    name: str, values: tuple[float, ...], seqs: tuple[int, ...], first: bool, run: str = "hero-check"
+) -> list[Sample]:
+    """A healthy run with `name` every 30 s for the hour, its newest instant holding one row per
+    value with the seq beside it (in that order, or reversed when not `first`)."""
+    losses = [Sample(TICK_AT - timedelta(seconds=30 * k), 2.0 + 0.001 * k, run) for k in range(118)]
+    steady = [Sample(TICK_AT - timedelta(seconds=30 * k), values[0], run, name=name) for k in range(1, 118)]
+    tie = [Sample(TICK_AT, v, run, name=name, seq=s) for v, s in zip(values, seqs, strict=True)]
+    return whole_ms([*losses, *steady, *(tie if first else reversed(tie))])
+
+
+# A check fires at the first tick that sees its condition (no pending period): one tick's read is tested.
+AT_ONCE = Thresholds(check_pending_minutes=0)
+
+
+def check_rows(rows: list[dict], reason: str) -> list[tuple]:
+    return [(r["reason"], r["observed"]) for r in rows if r["metric"] is not None and r["reason"] == reason]
+
+
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize(("calm_seq", "high_seq"), TIED_SEQS)
+def test_a_gradient_norm_tie_shows_the_later_written_value(calm_seq, high_seq, first):
+    """grad_norm_high reads the newest value (`grad_norm_last`): of two rows at one instant, the
+    one Finelog wrote later."""
+    samples = tied_metric("grad_norm_total", (0.3, 5.0), (calm_seq, high_seq), first)
+    store = seq_store(samples)
+    settings = Settings(thresholds=AT_ONCE)
+    want = [("grad_norm_high", 5.0)] if high_seq > calm_seq else []
+    rows = evaluate(store, settings, NOW)
+    assert check_rows(rows, "grad_norm_high") == want
+    assert_matches(rows, expect(samples, NOW, Config(thresholds=AT_ONCE)))
+    assert_backtest_agrees(store, settings, NOW - timedelta(minutes=3))
+
+
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize(("low_seq", "high_seq"), TIED_SEQS)
+def test_a_token_drop_tie_shows_the_later_written_finite_value(low_seq, high_seq, first):
+    """token_drops reads the newest finite value (`token_drops_last_finite`): a NaN written last
+    at that instant is skipped, and the later written of the two finite rows is the one seen."""
+    nan_seq = max(low_seq, high_seq) + 1
+    samples = tied_metric("moe_drop_fraction", (0.05, 0.5, math.nan), (low_seq, high_seq, nan_seq), first)
+    settings = Settings(thresholds=replace(AT_ONCE, token_drop_limit=0.1), checks=("token_drops",))
+    store = seq_store(samples)
+    want = [("token_drops", 0.5)] if high_seq > low_seq else []
+    rows = evaluate(store, settings, NOW)
+    assert check_rows(rows, "token_drops") == want
+    config = Config(thresholds=settings.thresholds, checks=("token_drops",))
+    assert_matches(rows, expect(samples, NOW, config))
+    assert_backtest_agrees(store, settings, NOW - timedelta(minutes=3))
+
+
+def tied_jobs(old_seq: int, new_seq: int, first: bool, run: str = "hero-check") -> list[Sample]:
+    """A healthy run whose newest instant holds only two gradient-norm rows, naming two jobs."""
+    samples = tied_metric("grad_norm_total", (0.3, 0.3), (old_seq, new_seq), first, run)
+    newest = max(s.timestamp for s in samples)
+    jobs = {old_seq: "job-old", new_seq: "job-new"}
+    return [
+        replace(s, job_id=jobs[s.seq]) if s.seq is not None else s
+        for s in samples
+        if s.timestamp < newest or s.name == "grad_norm_total"
+    ]
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_job_tie_across_job_keys_is_the_raw_reads_residual(first):
+    """A raw read groups by job (a bucket key), so two jobs' rows at one instant sit in two buckets
+    and nothing the buckets hold orders them: the row names one of the two (docs/data-contracts.md);
+    the view, which takes the job inside its bucket, names the later written (test_shapes_cloud)."""
+    store = seq_store(tied_jobs(-3, 5, first))
+    [row] = [r for r in evaluate(store, Settings(), NOW) if r["metric"] is None]
+    assert row["job"] in ("job-old", "job-new")
+
+
+# Every tie above in one fleet, one run each, for the engines that load a table slowly (the
+# BigQuery emulator): (run, its samples, what its rows must show).
+TIE_SETTINGS = Settings(thresholds=replace(AT_ONCE, token_drop_limit=0.1), checks=("grad_norm_high", "token_drops"))
+
+
+def tie_fleet() -> list[tuple[str, list[Sample], object]]:
+    fleet = []
+    for i, (low, high) in enumerate(TIED_SEQS):
+        for first in (False, True):
+            run = f"hero-done-{i}-{int(first)}"
+            fleet.append((run, finishing_run(low, high, first, run), finished_verdict(low, high)))
+        run = f"hero-grad-{i}"
+        grad = tied_metric("grad_norm_total", (0.3, 5.0), (low, high), i % 2 == 0, run)
+        fleet.append((run, grad, [("grad_norm_high", 5.0)] if high > low else []))
+        run = f"hero-drop-{i}"
+        tie = (low, high, max(low, high) + 1)
+        drop = tied_metric("moe_drop_fraction", (0.05, 0.5, math.nan), tie, i % 2 == 1, run)
+        fleet.append((run, drop, [("token_drops", 0.5)] if high > low else []))
+    for first in (False, True):
+        run = f"hero-job-{int(first)}"
+        fleet.append((run, tied_jobs(-3, 5, first, run), "job-new"))
+    return fleet
+
+
+def tie_view(rows: list[dict], run: str) -> object:
+    """What `tie_fleet`'s expectation for `run` compares with."""
+    mine = [r for r in rows if r["run"] == run]
+    assert mine, f"{run} is enrolled"
+    if run.startswith("hero-done"):
+        return loss_row(mine)
+    if run.startswith("hero-job"):
+        return loss_rows_job(mine)
+    return [(r["reason"], r["observed"]) for r in mine if r["metric"] is not None]
+
+
+def loss_rows_job(rows: list[dict]) -> str:
+    [row] = [r for r in rows if r["metric"] is None]
+    return row["job"]
+
+
+def test_the_tie_fleet_reads_on_duckdb_as_each_tie_alone():
+    """The fleet tests/test_shapes_cloud.py loads into BigQuery, checked here on DuckDB first."""
+    fleet = tie_fleet()
+    store = seq_store([s for _, samples, _ in fleet for s in samples])
+    got = evaluate(store, TIE_SETTINGS, NOW)
+    for run, _, want in fleet:
+        seen = tie_view(got, run)
+        if run.startswith("hero-job"):
+            assert seen in ("job-old", "job-new"), run
+        else:
+            assert seen == want, run

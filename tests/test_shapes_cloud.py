@@ -19,7 +19,17 @@ from conftest import NOW, store_with
 from servers import bigquery as bqserver
 from shapes import create_bigquery, insert_bigquery, shaped_rows, whole_ms
 from test_parity_cloud import THRESHOLDS, assert_same_rows, fleet
-from test_shapes import PROCESSES, TIE_SEQS, judged, seq_tie_rows, slow_run, smaller_judged
+from test_shapes import (
+    PROCESSES,
+    TIE_SEQS,
+    TIE_SETTINGS,
+    judged,
+    seq_tie_rows,
+    slow_run,
+    smaller_judged,
+    tie_fleet,
+    tie_view,
+)
 
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
@@ -90,3 +100,21 @@ def test_the_larger_seq_picks_the_attempt_on_bigquery_raw_and_from_the_view(emul
         settings = replace(settings, thresholds=Settings().thresholds)
         got = judged(evaluate(BigQueryStore(settings, emulator), settings, NOW))
         assert got == smaller_judged(seqs), f"{seqs} {'view' if view else 'raw'}"
+
+
+def test_seq_breaks_the_phase_check_and_job_ties_on_bigquery_raw_and_from_the_view(emulator):
+    """tests/test_shapes.py's planted ties in one table: a finished run reads finished where FINISHED
+    was written after TRAINING in the same millisecond, a check shows the later written value, and
+    the view names the later written job (the raw read's job key leaves that tie open)."""
+    fleet = tie_fleet()
+    rows = [row for _, samples, _ in fleet for row in shaped_rows(samples, "levanter.metrics")]
+    for view in (False, True):
+        settings = _deploy(emulator, "levanter.metrics", rows, view)
+        settings = replace(settings, thresholds=TIE_SETTINGS.thresholds, checks=TIE_SETTINGS.checks)
+        got = evaluate(BigQueryStore(settings, emulator), settings, NOW)
+        for run, _, want in fleet:
+            seen = tie_view(got, run)
+            if run.startswith("hero-job") and not view:
+                assert seen in ("job-old", "job-new"), run
+            else:
+                assert seen == want, (run, "view" if view else "raw")
