@@ -140,10 +140,18 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
         if not checks:
             continue
         data_at = _checks_as_of(runs, i, now, levels, names)
-        for check in checks:
-            scoped = finished_policy(phases[i], by_check[check].get(key, plain))
-            for fired in run_checks_pending(data_at, reason, scoped.thresholds, (check,)):
+        # Checks that share a policy (all of them, unless some row scopes one) are judged in
+        # one call; rows keep the checks' order either way.
+        scopes = [finished_policy(phases[i], by_check[check].get(key, plain)) for check in checks]
+        start = 0
+        while start < len(checks):
+            scoped = scopes[start]
+            stop = start + 1
+            while stop < len(checks) and scopes[stop] is scoped:
+                stop += 1
+            for fired in run_checks_pending(data_at, reason, scoped.thresholds, checks[start:stop]):
                 rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
+            start = stop
     return rows
 
 
