@@ -426,9 +426,9 @@ def tick_runs(
         minute = micros(rows, "minute")
         at = micros(rows, "eval_last_finite_at")
         values = filled(rows, "eval_last_finite", np.nan, np.float64)
-        # Each run's minutes oldest first (ties in minute, which merged rows can have, by time
-        # then value), split into runs' slices at once rather than row by row.
-        order = np.lexsort((values, at, minute, owner))
+        # Each run's minutes oldest first (ties in minute, which merged rows can have, by value
+        # then time), split into runs' slices at once rather than row by row.
+        order = np.lexsort((at, values, minute, owner))
         who, minute, at, values = owner[order], minute[order].tolist(), at[order].tolist(), values[order].tolist()
         starts = np.r_[0, np.flatnonzero(np.diff(who)) + 1, len(who)].tolist()
         for start, stop in zip(starts[:-1], starts[1:], strict=True):
