@@ -284,7 +284,7 @@ MUTANTS = [
         "lossspike/rollup_view.py",
         """    kept += ["value IS NOT NULL", "run_id <> ''", runs]""",
         """    kept += ["value IS NOT NULL", runs]""",
-        ["tests/test_rollup.py", "tests/test_backtest.py"],
+        [f"{ROLLUP_CLOUD}::test_the_rollup_view_never_enrolls_an_empty_run_id"],
     ),
     Mutant(
         "the raw reads enroll empty run IDs",

@@ -518,6 +518,25 @@ def test_the_rollup_read_ignores_rows_at_and_after_now(emulator):
     assert got[0]["last_loss_at"] < tick and got[0]["recent_peak"] < 3
 
 
+def test_the_rollup_view_never_enrolls_an_empty_run_id(emulator):
+    """SPEC "Enrollment": a run needs a non-empty run_id, and `%` matches '' in LIKE
+    (https://cloud.google.com/bigquery/docs/reference/standard-sql/operators#like_operator). The
+    view's own filter keeps it out: its buckets are read without the raw read's filters, so an
+    empty run's bucket would judge as a run with no name (test_hostile covers the raw read)."""
+    everything = Selection(run_pattern="%")
+    deployment = Deployment(emulator, everything, Thresholds(), since=START)
+    tick = START + timedelta(hours=2)
+    deployment.insert(
+        [
+            Sample(tick - timedelta(seconds=20 * i + 30), 2.0 + 0.001 * (i % 3), run_id, cluster="c1")
+            for run_id in ("", "hero-a")
+            for i in range(150)
+        ]
+    )
+    for store in (deployment.rollup, deployment.raw):
+        assert [(r["cluster"], r["run"]) for r in rows_of(store, deployment.settings, tick)] == [("c1", "hero-a")]
+
+
 def test_a_read_started_with_a_nearly_spent_deadline_ends_in_time_and_says_why(emulator, endpoint, capsys):
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     tick = START + timedelta(hours=2)
