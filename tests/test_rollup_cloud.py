@@ -521,8 +521,8 @@ def test_the_rollup_read_ignores_rows_at_and_after_now(emulator):
 def test_the_rollup_view_never_enrolls_an_empty_run_id(emulator):
     """SPEC "Enrollment": a run needs a non-empty run_id, and `%` matches '' in LIKE
     (https://cloud.google.com/bigquery/docs/reference/standard-sql/operators#like_operator). The
-    view's own filter keeps it out: its buckets are read without the raw read's filters, so an
-    empty run's bucket would judge as a run with no name (test_hostile covers the raw read)."""
+    view's own filter keeps it out: the read of its buckets trusts that filter, so an empty run's
+    bucket would be judged as a run with no name (test_hostile covers the raw read)."""
     everything = Selection(run_pattern="%")
     deployment = Deployment(emulator, everything, Thresholds(), since=START)
     tick = START + timedelta(hours=2)
