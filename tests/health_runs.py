@@ -17,6 +17,7 @@ from datetime import timedelta
 from conftest import NOW
 from hypothesis import event
 from hypothesis import strategies as st
+from incidents import falling_run
 from oracle import Sample
 
 from lossspike.overrides import OverrideRow
@@ -192,6 +193,34 @@ def skip_steps(
         for i, (t, age) in enumerate(zip(times, ages, strict=True))
         if not any(newer <= age < older for older, newer in gaps)
     ]
+
+
+# What the skip fleet's runs show at NOW and NOW + 1 minute (SPEC.md "Skip episodes, not skipped
+# steps"), and why: whether steps_skipped fires with the default settings.
+SKIP_FLEET = {
+    "hero-burst-2s": False,  # one burst of 60 skipped steps 9 minutes ago, 2 s a step
+    "hero-burst-10s": False,  # 12 steps, 10 s a step
+    "hero-burst-105s": False,  # 4 steps, 105 s a step: minutes without a value inside the burst
+    "hero-skip-gap": False,  # 5 steps at 150 s: five episodes if gaps split them
+    "hero-skip-three": True,  # bursts 13, 10 and 6.5 minutes ago: three episodes
+    "hero-skip-nan": True,  # no skipped step, a non-finite newest value for the last 8 minutes
+}
+
+
+def skip_fleet() -> list[Sample]:
+    """SKIP_FLEET's runs: a loss each (healthy) and their skipped-step values."""
+    skips = {
+        "hero-burst-2s": skip_steps(2, [(9.0, 60)], "hero-burst-2s"),
+        "hero-burst-10s": skip_steps(10, [(9.0, 12)], "hero-burst-10s"),
+        "hero-burst-105s": skip_steps(105, [(9.0, 4)], "hero-burst-105s"),
+        "hero-skip-gap": skip_steps(150, [(13.0, 5)], "hero-skip-gap"),
+        "hero-skip-three": skip_steps(10, [(13.0, 2), (10.0, 2), (6.5, 2)], "hero-skip-three"),
+        "hero-skip-nan": skip_steps(30, non_finite=[8.0 - k / 2 for k in range(16)], run="hero-skip-nan"),
+    }
+    out = []
+    for seed, (run, values) in enumerate(skips.items(), start=11):
+        out += falling_run(run, minutes=90, cadence=20.0, seed=seed) + values
+    return out
 
 
 @st.composite

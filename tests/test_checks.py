@@ -497,6 +497,22 @@ def test_minutes_without_a_skipped_step_value_neither_split_nor_extend_an_episod
     assert skip_rows(slow, Settings(thresholds=two)) == []
 
 
+def test_an_episode_under_way_when_the_window_opens_counts_once():
+    """The documented edge (docs/run-health-checks.md, "steps_skipped: skip episodes"): the check
+    reads its 15 minutes alone, so an episode begun 16 minutes ago that still skips in the
+    window's first minute counts once, as though it began there; one that ended before the
+    window does not count."""
+    at_once_one = Settings(thresholds=Thresholds(skipped_steps_limit=1.0, check_pending_minutes=0))
+    under_way = falling_run() + skip_steps(60, [(16.0, 3)])
+    assert [s.value for s in under_way if s.name == SKIP_METRIC][-17:-12] == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert skip_rows(under_way, at_once_one) == [("steps_skipped", 1.0, 1.0)]
+    ended = falling_run() + skip_steps(60, [(17.0, 2)])
+    assert skip_rows(ended, at_once_one) == []
+    # With two episodes begun inside the window it is the third.
+    three = falling_run() + skip_steps(60, [(16.0, 3), (10.0, 1), (6.0, 1)])
+    assert skip_rows(three, pending(0)) == [("steps_skipped", 3.0, 3.0)]
+
+
 def test_a_non_finite_newest_skipped_step_value_still_pages():
     """SPEC: a page check fires on a non-finite newest value, episodes or none; observed is it."""
     samples = falling_run() + skip_steps(30, non_finite=[7.0 - k / 2 for k in range(14)])
