@@ -181,7 +181,7 @@ def skip_episode_starts(finite: list[int], sums: list[float]) -> int:
     """How many skip episodes start in a check window (SPEC.md "Skip episodes, not skipped steps").
 
     `finite` and `sums` hold, oldest first, each minute's count and sum of finite values. A minute
-    skipped when its sum is above 0; an episode is a maximal run of skipping minutes among those
+    skips when its sum is above 0; an episode is a maximal run of skipping minutes among those
     with a finite value, so a minute without one (a slow step's gap, or only non-finite values)
     neither splits nor extends it. The window's first such minute starts an episode if it
     skipped: the check sees nothing before its window, and an episode under way when the window
