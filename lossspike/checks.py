@@ -43,8 +43,8 @@ CHECK_REASONS = tuple(CHECKS)
 # On by default: the ones whose thresholds hold for any model (Marin's numbers); the
 # others wait for a threshold that fits the run's model and hardware.
 DEFAULT_CHECKS = (LOSS_JUMP, GRAD_NORM_HIGH, STEPS_SKIPPED, EVAL_REGRESSED)
-# Dense metrics are judged on this many minutes: Marin's window for skipped steps and
-# the age past which a gradient norm no longer says anything about the run.
+# Dense metrics are judged on this many minutes: Marin's window for skipped steps (here skip
+# episodes) and the age past which a gradient norm no longer says anything about the run.
 CHECK_MINUTES = 15
 # An evaluation loss this old no longer describes the run: evals run every few hundred steps.
 EVAL_FRESH_MINUTES = 30
@@ -177,15 +177,36 @@ def _loss_jump(windows: LossWindows, loss_reason: str, limit: float, data: Check
     return None
 
 
+def skip_episode_starts(finite: list[int], sums: list[float]) -> int:
+    """How many skip episodes start in a check window (SPEC.md "Skip episodes, not skipped steps").
+
+    `finite` and `sums` hold, oldest first, each minute's count and sum of finite values. A minute
+    skips when its sum is above 0; an episode is a maximal run of skipping minutes among those
+    with a finite value, so a minute without one (a slow step's gap, or only non-finite values)
+    neither splits nor extends it. The window's first such minute starts an episode if it
+    skipped: the check sees nothing before its window, and an episode under way when the window
+    opens counts once, as though it began there.
+    """
+    starts, skipping = 0, False
+    for count, total in zip(finite, sums, strict=True):
+        if count:
+            if total > 0 and not skipping:
+                starts += 1
+            skipping = total > 0
+    return starts
+
+
 def _skipped(data: CheckData, limit: float) -> Fired | None:
     metric = data.metrics.get("skipped_steps")
     if metric is None or metric.last is None:
         return None
     if _bad(metric.last):
         return Fired(STEPS_SKIPPED, PAGE, data.names["skipped_steps"], metric.last, limit)
-    total = sum(metric.sums)
-    if total >= limit:
-        return Fired(STEPS_SKIPPED, PAGE, data.names["skipped_steps"], total, limit)
+    # Skip-step adapts within a few steps of any lasting excursion (SPEC.md): one burst is one
+    # episode, and only skip-step firing again and again says what the loss rules do not.
+    episodes = skip_episode_starts(metric.finite, metric.sums)
+    if episodes >= limit:
+        return Fired(STEPS_SKIPPED, PAGE, data.names["skipped_steps"], float(episodes), limit)
     return None
 
 

@@ -57,7 +57,12 @@ DEMO_RUNS = (
         "grad_norm",
         "grad_norm_high (check row): gradient norm 3.5 for 8 minutes, the loss fine",
     ),
-    ("hero-jamba", "us-east5", "skipped", "steps_skipped (check row): the optimizer skipped 3 steps 6-12 minutes ago"),
+    (
+        "hero-jamba",
+        "us-east5",
+        "skipped",
+        "steps_skipped (check row): skip-step fired in 3 separate episodes 6-12 minutes ago",
+    ),
     (THROUGHPUT_RUN, "us-central2", "slow_tokens", "throughput_low (notify row): tokens/s under its override floor"),
     ("ablation-lr-sweep", "us-central2", "shift", "not watched: run ID does not match hero-%"),
 )
@@ -185,8 +190,8 @@ def _samples(kind: str, age: timedelta, rng: random.Random) -> list[tuple[str, f
     # Longer than the checks' pending period (five minutes): held at every tick of it, a page.
     recent = age <= timedelta(minutes=8)
     grad_norm = 3.5 if kind == "grad_norm" and recent else abs(rng.gauss(1.0, 0.1))
-    # Skipped steps 6, 9 and 12 minutes ago: three, Marin's limit, in every tick's 15 minutes
-    # of the pending period.
+    # One skipped step 6, 9 and 12 minutes ago, accepted steps between: three skip episodes, the
+    # limit, in every tick's 15 minutes of the pending period.
     seconds = age.total_seconds()
     skipped = 1.0 if kind == "skipped" and seconds % 180 < STEP.total_seconds() and 360 <= seconds < 780 else 0.0
     tokens = (600_000.0 if kind == "slow_tokens" and age <= timedelta(minutes=20) else 1_000_000.0) + rng.gauss(

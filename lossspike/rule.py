@@ -127,7 +127,8 @@ class Thresholds:
     loss_jump_limit: float = 1.0
     # Marin: a clipped-gradient run sits well under 2; above it divergence usually follows.
     grad_norm_limit: float = 2.0
-    # Marin: three skipped steps in 15 minutes is the optimizer rejecting a trend, not a blip.
+    # Skip episodes in 15 minutes (Marin's 3, counted per episode): skip-step adapts to any lasting
+    # excursion in 2-4 steps, so one burst is one episode; three is skip-step firing again and again.
     skipped_steps_limit: float = 3.0
     # Marin's rules "stay pending for five": a check fires only when its condition held at every
     # whole-minute tick of this many minutes back (0 fires at once), so one bad step is no page.
@@ -233,7 +234,7 @@ THRESHOLD_RANGES: dict[str, Range] = {
     "loss_jump_limit": _NON_NEGATIVE,
     "grad_norm_limit": Range(low=0, low_open=True, why="a gradient norm is above 0 at every step"),
     "skipped_steps_limit": Range(
-        low=1, why="steps_skipped fires at this many skipped steps or more, so below 1 it fires on every run"
+        low=1, why="steps_skipped fires at this many skip episodes or more, so below 1 it fires on every run"
     ),
     "throughput_floor": Range(
         low=0, low_open=True, optional=True, why="tokens per second are never below 0: the check could never fire"

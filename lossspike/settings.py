@@ -284,7 +284,7 @@ OPTIONS = (
     Option(
         "skipped_steps_limit",
         _threshold("skipped_steps_limit"),
-        "steps_skipped: skipped steps in 15 minutes that fire.",
+        "steps_skipped: skip episodes starting in 15 minutes that fire.",
     ),
     Option(
         "check_pending_minutes",

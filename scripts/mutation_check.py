@@ -51,6 +51,7 @@ DETECTOR_PROPERTIES = [
     f"{DETECTORS}::test_each_detector_alone_and_every_attempt_match_the_oracle",
 ]
 CHECK_PROPERTIES = [f"{CHECKS}::test_checks_match_the_oracle"]
+SKIP_PROPERTIES = f"{CHECKS}::test_steps_skipped_counts_the_oracles_episodes"
 BACKTEST_CHECKS = "tests/test_backtest.py::test_backtest_check_rows_match_evaluate_at_every_tick"
 
 
@@ -692,9 +693,30 @@ MUTANTS = [
     Mutant(
         "beyond seed: steps_skipped needs more than the limit",
         "lossspike/checks.py",
-        "    if total >= limit:",
-        "    if total > limit:",
+        "    if episodes >= limit:",
+        "    if episodes > limit:",
         [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
+    ),
+    Mutant(
+        "steps_skipped: counts skipped steps again, not episodes",
+        "lossspike/checks.py",
+        "    episodes = skip_episode_starts(metric.finite, metric.sums)",
+        "    episodes = int(sum(metric.sums))",
+        [f"{CHECKS}::test_one_burst_of_skipped_steps_of_any_size_is_one_episode_and_no_page", SKIP_PROPERTIES],
+    ),
+    Mutant(
+        "steps_skipped: a minute with only non-finite values splits an episode",
+        "lossspike/checks.py",
+        "        if count:\n            if total > 0 and not skipping:",
+        "        if True:\n            if total > 0 and not skipping:",
+        [f"{CHECKS}::test_minutes_without_a_skipped_step_value_neither_split_nor_extend_an_episode"],
+    ),
+    Mutant(
+        "steps_skipped: an episode under way when the window opens is not counted",
+        "lossspike/checks.py",
+        "    starts, skipping = 0, False",
+        "    starts, skipping = 0, True",
+        [f"{CHECKS}::test_an_episode_under_way_when_the_window_opens_counts_once", SKIP_PROPERTIES],
     ),
     Mutant(
         "beyond seed: eval_regressed on a stale evaluation",

@@ -190,7 +190,7 @@ resource "google_monitoring_alert_policy" "loss_spike" {
         restored without its weights or optimizer state): roll back or stop it.
       - `loss_jump`, `grad_norm_high`, `steps_skipped`: run-health checks (the loss floor jumped by more than
         ${var.loss_jump_limit}, ${var.grad_norm_metric} above ${var.grad_norm_limit}, at least
-        ${var.skipped_steps_limit} skipped steps in 15 minutes).
+        ${var.skipped_steps_limit} separate skip episodes in 15 minutes).
 
       Runbook: ${local.runbook}
 

@@ -514,13 +514,13 @@ variable "check_pending_minutes" {
 }
 
 variable "skipped_steps_limit" {
-  description = "steps_skipped (page): skipped steps in 15 minutes that fire."
+  description = "steps_skipped (page): skip episodes starting in 15 minutes that fire (one burst is one episode)."
   type        = number
   default     = 3.0
 
   validation {
     condition     = var.skipped_steps_limit >= 1
-    error_message = "The skipped_steps_limit must be at least 1 (steps_skipped fires at this many skipped steps or more, so below 1 it fires on every run)."
+    error_message = "The skipped_steps_limit must be at least 1 (steps_skipped fires at this many skip episodes or more, so below 1 it fires on every run)."
   }
 }
 

@@ -437,6 +437,21 @@ def _newest(samples: list[Sample]) -> Sample | None:
     return max(samples, key=lambda s: (s.timestamp, s.seq or 0), default=None)
 
 
+def skip_episodes(window: list[Sample], now: datetime) -> int:
+    """SPEC "Skip episodes, not skipped steps", from the window's raw samples: its clock minutes
+    holding a finite value, oldest first, each skipping when those values sum above 0; an
+    episode starts at each skipping one whose previous such minute did not skip, the first one
+    included (the check sees nothing before its window: docs/run-health-checks.md). A minute
+    with no finite value is not in the list, so it neither splits nor extends an episode."""
+    by_minute: dict[int, list[float]] = {}
+    for s in window:
+        if finite(s.value):
+            by_minute.setdefault(minute_of(now, s.timestamp), []).append(s.value)
+    # minute_of counts back from now: the largest k is the oldest minute.
+    skipping = [math.fsum(by_minute[k]) > 0 for k in sorted(by_minute, reverse=True)]
+    return sum(1 for i, skipped in enumerate(skipping) if skipped and (i == 0 or not skipping[i - 1]))
+
+
 def check_row(
     reason: str,
     data: dict[str, list[Sample]],
@@ -477,9 +492,9 @@ def check_row(
         if reason == "grad_norm_high":
             fires = newest.value > limit
             return ((names[key],), newest.value, limit, _near(newest.value, limit, 1.0)) if fires else None
-        # SPEC: "3 or more": the sum of the finite values reaches the limit.
-        total = math.fsum(s.value for s in mine if finite(s.value))
-        return ((names[key],), total, limit, _near(total, limit, 1.0)) if total >= limit else None
+        # SPEC "Skip episodes, not skipped steps": the starts of the window's skip episodes.
+        episodes = float(skip_episodes(mine, now))
+        return ((names[key],), episodes, limit, False) if episodes >= limit else None
     if reason == "eval_regressed":
         lookback = now - timedelta(minutes=EVAL_LOOKBACK_MINUTES)
         by_minute: dict[int, Sample] = {}

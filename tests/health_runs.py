@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from conftest import NOW
 from hypothesis import event
 from hypothesis import strategies as st
+from incidents import falling_run
 from oracle import Sample
 
 from lossspike.overrides import OverrideRow
@@ -152,6 +154,95 @@ def health_runs(draw, run_id: str = "hero-a") -> HealthRun:
         tie=tie,
         jump_age=draw(st.sampled_from([5.0, 8.0, 11.0, 16.0])),
     )
+
+
+SKIP_METRIC = METRICS["skipped_steps"][0]
+
+
+def skip_steps(
+    every: float,
+    bursts: Sequence[tuple[float, int]] = (),
+    run: str = "hero-a",
+    minutes: float = 30.0,
+    gaps: Sequence[tuple[float, float]] = (),
+    non_finite: Sequence[float] = (),
+    uid: str | None = "attempt-1",
+) -> list[Sample]:
+    """Levanter's `optim/skipped_step` of one run (0.0 or 1.0 per step, levanter-telemetry-facts.md
+    section 4): a step every `every` seconds for the last `minutes`. Each burst (age in minutes,
+    steps) skips that many consecutive steps from the first one at most that old; no value is
+    logged in a gap (an age range in minutes, (older, newer)); from each age in `non_finite` on,
+    the first value is NaN instead."""
+    times = []
+    second = 0.5
+    while second < minutes * 60:
+        times.append(NOW - timedelta(minutes=minutes) + timedelta(seconds=second))
+        second += every
+    ages = [(NOW - t) / timedelta(minutes=1) for t in times]
+
+    def first_step(age: float) -> int:
+        """The first step at most `age` minutes old (past the last step: none)."""
+        return next((i for i, a in enumerate(ages) if a <= age), len(ages))
+
+    skipped: set[int] = set()
+    for age, steps in bursts:
+        skipped.update(range(first_step(age), first_step(age) + steps))
+    nan_at = {first_step(age) for age in non_finite}
+    return [
+        Sample(t, math.nan if i in nan_at else float(i in skipped), run, name=SKIP_METRIC, execution_uid=uid)
+        for i, (t, age) in enumerate(zip(times, ages, strict=True))
+        if not any(newer <= age < older for older, newer in gaps)
+    ]
+
+
+# What the skip fleet's runs show at NOW and NOW + 1 minute (SPEC.md "Skip episodes, not skipped
+# steps"), and why: whether steps_skipped fires with the default settings.
+SKIP_FLEET = {
+    "hero-burst-2s": False,  # one burst of 60 skipped steps 9 minutes ago, 2 s a step
+    "hero-burst-10s": False,  # 12 steps, 10 s a step
+    "hero-burst-105s": False,  # 4 steps, 105 s a step: minutes without a value inside the burst
+    "hero-skip-gap": False,  # 5 steps at 150 s: five episodes if gaps split them
+    "hero-skip-three": True,  # bursts 13, 10 and 6.5 minutes ago: three episodes
+    "hero-skip-nan": True,  # no skipped step, a non-finite newest value for the last 8 minutes
+}
+
+
+def skip_fleet() -> list[Sample]:
+    """SKIP_FLEET's runs: a loss each (healthy) and their skipped-step values."""
+    skips = {
+        "hero-burst-2s": skip_steps(2, [(9.0, 60)], "hero-burst-2s"),
+        "hero-burst-10s": skip_steps(10, [(9.0, 12)], "hero-burst-10s"),
+        "hero-burst-105s": skip_steps(105, [(9.0, 4)], "hero-burst-105s"),
+        "hero-skip-gap": skip_steps(150, [(13.0, 5)], "hero-skip-gap"),
+        "hero-skip-three": skip_steps(10, [(13.0, 2), (10.0, 2), (6.5, 2)], "hero-skip-three"),
+        "hero-skip-nan": skip_steps(30, non_finite=[8.0 - k / 2 for k in range(16)], run="hero-skip-nan"),
+    }
+    out = []
+    for seed, (run, values) in enumerate(skips.items(), start=11):
+        out += falling_run(run, minutes=90, cadence=20.0, seed=seed) + values
+    return out
+
+
+@st.composite
+def skip_histories(draw, run_id: str = "hero-a") -> list[Sample]:
+    """A run's skipped-step values over the last 25 minutes (`skip_steps`): a step time from 2 s
+    to 150 s (the slow ones leave minutes without a value); up to eight bursts of skipped steps
+    one after the other; up to two pauses with no value logged; up to two non-finite values,
+    the newest one now and then."""
+    every = draw(st.sampled_from([2.0, 10.0, 30.0, 60.0, 105.0, 150.0]))
+    ages = st.floats(0.0, 25.0, allow_nan=False)
+    # Bursts of up to two minutes of steps (two at the slowest), each 0.2-4 minutes after the
+    # one before: apart, touching or in one minute.
+    bursts = []
+    age = draw(st.floats(10.0, 25.0, allow_nan=False))
+    for _ in range(draw(st.integers(0, 8))):
+        steps = draw(st.integers(1, max(2, int(120 / every))))
+        bursts.append((age, steps))
+        age -= steps * every / 60.0 + draw(st.floats(0.2, 4.0, allow_nan=False))
+    gaps = draw(st.lists(st.tuples(ages, st.floats(0.5, 5.0)).map(lambda g: (g[0] + g[1], g[0])), max_size=2))
+    older = st.floats(3.0, 25.0, allow_nan=False)
+    non_finite = draw(st.lists(older, max_size=1)) + ([every / 60.0] if draw(st.integers(0, 5)) == 2 else [])
+    return skip_steps(every, bursts, run_id, minutes=25.0, gaps=gaps, non_finite=non_finite)
 
 
 # The checks that are on without a threshold of their own model.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -13,7 +14,18 @@ import pytest
 from commandline import lossspike, one_line_error
 from conftest import NOW, seed_settings, store_with
 from googlesql import TranspiledBigQuery
-from health_runs import ALL_LIMITS, GENERAL, HealthRun, Stream, check_overrides, health_runs, samples_of
+from health_runs import (
+    ALL_LIMITS,
+    GENERAL,
+    SKIP_FLEET,
+    HealthRun,
+    Stream,
+    check_overrides,
+    health_runs,
+    samples_of,
+    skip_fleet,
+    skip_histories,
+)
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from incidents import falling_run, store_for
@@ -329,6 +341,44 @@ def test_backtest_check_rows_match_evaluate_at_every_tick(case, limits, listed, 
     finally:
         store.connection.execute(f"DROP TABLE IF EXISTS {OVERRIDES_TABLE}")
     event(f"eval_regressed on an evaluation 1-30 min old: {'reached' if reached else 'not reached'}")
+
+
+def test_the_backtest_replays_skip_episodes_at_every_tick():
+    """The skip fleet (tests/health_runs.py SKIP_FLEET) over 25 minutes of ticks: at every tick
+    the backtest gives evaluate's rows, and its pages are steps_skipped for the runs that skipped
+    in three episodes or logged a non-finite newest value, none for one burst of any step time."""
+    samples = skip_fleet()
+    ticks = tick_times(NOW - timedelta(minutes=20), NOW + timedelta(minutes=5))
+    store = store_for(samples)
+    [result] = backtest(store, Settings(), ticks, detail=True)
+    for i, tick in enumerate(ticks):
+        assert_same_rows(result.rows_at(i), evaluate(store, Settings(), tick), tick)
+    pages = {(e.run, e.reasons) for e in result.episodes()}
+    assert pages == {(run, ("steps_skipped",)) for run, fires in SKIP_FLEET.items() if fires}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    skips=st.lists(skip_histories(), min_size=1, max_size=2),
+    limit=st.sampled_from([1.0, 3.0]),
+    period=st.sampled_from([0, 2, 5]),
+    every=st.sampled_from([1, 3]),
+)
+def test_backtest_steps_skipped_matches_evaluate_at_every_tick(skips, limit, period, every):
+    """Skip histories (bursts at 2-150 s a step, gaps, non-finite values) of one or two runs: at
+    every tick the backtest's steps_skipped rows are evaluate's, the pending period included."""
+    samples = []
+    for k, values in enumerate(skips):
+        run = f"hero-{k}"
+        samples += falling_run(run, minutes=70, cadence=30.0, seed=k) + [replace(s, run_id=run) for s in values]
+    config = Settings(thresholds=Thresholds(skipped_steps_limit=limit, check_pending_minutes=period))
+    ticks = tick_times(NOW - timedelta(minutes=16), NOW, every)
+    store = store_for(samples)
+    [result] = backtest(store, config, ticks, detail=True)
+    for i, tick in enumerate(ticks):
+        want = evaluate(store, config, tick)
+        event(f"steps_skipped rows at a tick: {sum(r['reason'] == 'steps_skipped' for r in want)}")
+        assert_same_rows(result.rows_at(i), want, tick)
 
 
 def test_the_check_replays_explicit_example_reaches_the_freshness_edge():

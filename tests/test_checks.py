@@ -10,10 +10,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import timedelta
+from itertools import pairwise
 
 from conftest import NOW, seed_settings
-from detector_oracle import Config, assert_matches, expect
-from health_runs import ALL_LIMITS, check_overrides, health_runs, samples_of
+from detector_oracle import Config, assert_matches, expect, pending_check_row, skip_episodes
+from health_runs import (
+    ALL_LIMITS,
+    SKIP_METRIC,
+    check_overrides,
+    health_runs,
+    samples_of,
+    skip_histories,
+    skip_steps,
+)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from incidents import falling_run, rows_for
@@ -24,6 +33,8 @@ from lossspike.rule import Thresholds
 from lossspike.settings import Settings
 
 MINUTE = timedelta(minutes=1)
+# The checks' window: SPEC.md's "last 15 min".
+CHECK_WINDOW = 15 * MINUTE
 PROPERTY = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
@@ -99,7 +110,9 @@ def test_a_run_without_the_extra_metrics_gets_no_check_row():
 
 
 def test_checks_none_gives_exactly_the_loss_rows():
-    samples = falling_run() + metric("grad_norm_total", [9.0] * 5) + metric("optim_skipped_step", [1.0] * 6)
+    # Skip-step fired in three separate minutes: three episodes.
+    skips = metric("optim_skipped_step", [1.0, 0.0] * 3, every=60)
+    samples = falling_run() + metric("grad_norm_total", [9.0] * 5) + skips
     everything = at_once(samples, Settings())
     assert {r["reason"] for r in check_rows(everything)} == {"grad_norm_high", "steps_skipped"}
     loss_only = at_once(samples, Settings(checks=()))
@@ -144,9 +157,11 @@ def test_a_checks_threshold_comes_from_its_scoped_override_row():
 
 
 def test_skipped_steps_of_the_previous_attempt_do_not_count():
-    """A retry keeps the run ID and takes a new UID: its skips do not add to the last attempt's."""
-    samples = falling_run() + metric("optim_skipped_step", [1.0, 1.0], every=120, uid="attempt-1")
-    samples += metric("optim_skipped_step", [1.0, 1.0], every=30, uid="attempt-2")
+    """A retry keeps the run ID and takes a new UID: its skip episodes do not add to the last
+    attempt's. The new attempt skipped 5 and 3 minutes ago (two episodes); the old one's skip
+    11 minutes ago and its accepted step 5.5 minutes ago would make three."""
+    samples = falling_run() + metric("optim_skipped_step", [1.0, 0.0], every=330, uid="attempt-1")
+    samples += metric("optim_skipped_step", [1.0, 0.0, 1.0, 0.0, 0.0], every=60, uid="attempt-2")
     # The new attempt's tracker announces it with a phase row (SPEC "Attempts": loss or phase rows
     # pick the attempt; levanter-telemetry-facts.md section 3: phase is written when the tracker starts).
     samples += metric("phase", [1.0], every=5, uid="attempt-2")
@@ -401,16 +416,153 @@ def test_an_override_row_sets_one_runs_period_and_a_longer_one_is_refused():
 
 
 def test_steps_skipped_must_reach_its_count_at_every_tick_of_the_period():
-    """Each tick sums its own 15 minutes: three skips 2-3 minutes ago reach the limit at now
-    and at the ticks 1-2 back, not at 3-5 back."""
+    """Each tick counts the episodes of its own 15 minutes: skips 6.5, 4.5 and 2.5 minutes ago,
+    accepted steps between them, are three episodes at now and at the ticks 1-2 back; the
+    ticks 3-5 back do not see the newest, and count two."""
     skips = [
-        Sample(NOW - timedelta(minutes=m), 1.0, "hero-a", name="optim_skipped_step", execution_uid="attempt-1")
-        for m in (2.2, 2.5, 2.8)
+        Sample(NOW - timedelta(minutes=m), v, "hero-a", name="optim_skipped_step", execution_uid="attempt-1")
+        for m, v in ((6.5, 1.0), (5.5, 0.0), (4.5, 1.0), (3.5, 0.0), (2.5, 1.0))
     ]
     samples = falling_run() + grad_norms(30, 0.1, 0.5) + skips
     assert reasons(rows_for(samples, pending(0))) == ["steps_skipped"]
     assert reasons(rows_for(samples, pending(2))) == ["steps_skipped"]
     assert reasons(rows_for(samples, pending(3))) == []
+
+
+# --- skip episodes (SPEC.md "Skip episodes, not skipped steps") --------------------------
+
+# Levanter's skip-step adds every step's loss to its rolling window, skipped or not, and logs
+# `optim/skipped_step` as 0.0 or 1.0 per step (marin-community/marin,
+# lib/levanter/src/levanter/optim/skipstep.py @ 303c88f2: `new_losses` is set whatever
+# `step_factor` is): a lasting excursion is rejected for a few steps, then accepted.
+# Per step time (seconds): bursts of that many consecutive skipped steps, from one step to
+# more than the window holds (a burst still under way, or begun before the window).
+BURSTS = {2: (1, 3, 30, 120, 2000), 10: (1, 4, 24, 400), 105: (1, 2, 4, 8, 40)}
+
+
+def skip_rows(samples: list[Sample], settings: Settings) -> list[tuple[str, float, float]]:
+    return [(r["reason"], r["observed"], r["threshold"]) for r in check_rows(rows_for(samples, settings))]
+
+
+def test_one_burst_of_skipped_steps_of_any_size_is_one_episode_and_no_page():
+    """A burst 12 minutes ago, skipped for 1 step to every step since, at 2 s, 10 s and 105 s
+    a step (105 s leaves minutes without a value inside the burst): one episode, so no page at
+    once or after the period; with a limit of 1 the check fires and counts that one."""
+    one = Thresholds(skipped_steps_limit=1.0, check_pending_minutes=0)
+    for every, sizes in BURSTS.items():
+        for size in sizes:
+            skips = skip_steps(every, [(12.0, size)])
+            since = sum(1 for s in skips if NOW - s.timestamp <= 12 * MINUTE)
+            assert sum(s.value for s in skips) == min(size, since), (every, size)
+            samples = falling_run() + skips
+            where = f"{size} steps at {every} s"
+            assert skip_rows(samples, pending(0)) == [], where
+            assert skip_rows(samples, Settings()) == [], where
+            assert skip_rows(samples, Settings(thresholds=one)) == [("steps_skipped", 1.0, 1.0)], where
+
+
+def test_three_separate_skip_episodes_in_15_minutes_page_and_two_do_not():
+    """Bursts of two skipped steps 13, 10 and 6.5 minutes ago at 10 s a step: three episodes in
+    the 15 minutes of every tick of the pending period, a page counting them; without the
+    oldest, two (four skipped steps, which the old sum paged)."""
+    three = falling_run() + skip_steps(10, [(13.0, 2), (10.0, 2), (6.5, 2)])
+    assert skip_rows(three, Settings()) == [("steps_skipped", 3.0, 3.0)]
+    two = falling_run() + skip_steps(10, [(10.0, 2), (6.5, 2)])
+    assert skip_rows(two, pending(0)) == []
+    # The limit is the number of episodes: 2 pages the same run.
+    assert skip_rows(two, Settings(thresholds=Thresholds(skipped_steps_limit=2.0))) == [("steps_skipped", 2.0, 2.0)]
+
+
+def test_minutes_without_a_skipped_step_value_neither_split_nor_extend_an_episode():
+    """Skipped steps 10.5 and 8.5 minutes ago with no value logged between them are one
+    episode; an accepted step (0.0) between them makes two; a minute holding only a NaN is a
+    minute without a finite value, and splits nothing. Limit 2: only the split one pages."""
+    two = Thresholds(skipped_steps_limit=2.0)
+
+    def skips(*values: tuple[float, float]) -> list[Sample]:
+        return falling_run() + [
+            Sample(NOW - timedelta(minutes=m), v, "hero-a", name=SKIP_METRIC, execution_uid="attempt-1")
+            for m, v in ((12.5, 0.0), *values, (6.5, 0.0), (4.5, 0.0), (1.5, 0.0))
+        ]
+
+    gap = skips((10.5, 1.0), (8.5, 1.0))
+    assert skip_rows(gap, Settings(thresholds=two)) == []
+    accepted = skips((10.5, 1.0), (9.5, 0.0), (8.5, 1.0))
+    assert skip_rows(accepted, Settings(thresholds=two)) == [("steps_skipped", 2.0, 2.0)]
+    not_finite = skips((10.5, 1.0), (9.5, math.nan), (8.5, 1.0))
+    assert skip_rows(not_finite, Settings(thresholds=two)) == []
+    # A slow run's burst: 150 s a step, five skipped in a row, a minute or two without a value
+    # between each; five episodes if gaps split them, one as they are.
+    slow = falling_run() + skip_steps(150, [(13.0, 5)])
+    assert skip_rows(slow, Settings(thresholds=two)) == []
+
+
+def test_an_episode_under_way_when_the_window_opens_counts_once():
+    """The documented edge (docs/run-health-checks.md, "steps_skipped: skip episodes"): the check
+    reads its 15 minutes alone, so an episode begun 16 minutes ago that still skips in the
+    window's first minute counts once, as though it began there; one that ended before the
+    window does not count."""
+    at_once_one = Settings(thresholds=Thresholds(skipped_steps_limit=1.0, check_pending_minutes=0))
+    under_way = falling_run() + skip_steps(60, [(16.0, 3)])
+    assert [s.value for s in under_way if s.name == SKIP_METRIC][-17:-12] == [0.0, 1.0, 1.0, 1.0, 0.0]
+    assert skip_rows(under_way, at_once_one) == [("steps_skipped", 1.0, 1.0)]
+    ended = falling_run() + skip_steps(60, [(17.0, 2)])
+    assert skip_rows(ended, at_once_one) == []
+    # With two episodes begun inside the window it is the third.
+    three = falling_run() + skip_steps(60, [(16.0, 3), (10.0, 1), (6.0, 1)])
+    assert skip_rows(three, pending(0)) == [("steps_skipped", 3.0, 3.0)]
+
+
+def test_a_non_finite_newest_skipped_step_value_still_pages():
+    """SPEC: a page check fires on a non-finite newest value, episodes or none; observed is it."""
+    samples = falling_run() + skip_steps(30, non_finite=[7.0 - k / 2 for k in range(14)])
+    [(reason, observed, threshold)] = skip_rows(samples, Settings())
+    assert reason == "steps_skipped" and math.isnan(observed) and threshold == 3.0
+    # One NaN 7 minutes back, finite values since: nothing (it is not the newest at any tick).
+    assert skip_rows(falling_run() + skip_steps(30, non_finite=[7.0]), Settings()) == []
+
+
+@PROPERTY
+@given(
+    skips=skip_histories(),
+    limit=st.sampled_from([1.0, 2.0, 3.0]),
+    period=st.sampled_from([0, 2, 5]),
+)
+def test_steps_skipped_counts_the_oracles_episodes(skips, limit, period):
+    """evaluate's steps_skipped row is the oracle's: the episodes counted from the raw samples
+    (tests/detector_oracle.py skip_episodes) at every tick of the period, observed the count at
+    now (or the non-finite newest value), threshold the limit."""
+    t = Thresholds(skipped_steps_limit=limit, check_pending_minutes=period)
+    loss = falling_run(minutes=70, cadence=30.0)
+    names = {"skipped_steps": SKIP_METRIC}
+    want = pending_check_row("steps_skipped", {"skipped_steps": skips}, loss, "healthy", t, names, NOW, 1.0)
+    got = skip_rows(loss + skips, Settings(thresholds=t, checks=("steps_skipped",)))
+    window = [s for s in skips if NOW - CHECK_WINDOW <= s.timestamp < NOW]
+    count = skip_episodes(window, NOW)
+    event(f"skip episodes at now: {min(count, 3)}{'+' if count >= 3 else ''}")
+    if episode_spans_a_gap(window):
+        event("an episode spans minutes without a value")
+    if window and not math.isfinite(max(window, key=lambda s: s.timestamp).value):
+        event("newest value not finite")
+    event(f"steps_skipped {'fires' if want else 'quiet'}")
+    if want is None:
+        assert got == [], got
+        return
+    [(reason, observed, threshold)] = got
+    assert reason == "steps_skipped" and threshold == limit
+    assert observed == want[1] or (math.isnan(observed) and math.isnan(want[1])), (observed, want)
+
+
+def episode_spans_a_gap(window: list[Sample]) -> bool:
+    """Whether two skipping minutes with no minute holding a finite value between them are more
+    than a minute apart: one episode across a gap."""
+    sums: dict[int, float] = {}
+    for s in window:
+        if math.isfinite(s.value):
+            minute = int((NOW - s.timestamp) // MINUTE)
+            sums[minute] = sums.get(minute, 0.0) + s.value
+    ordered = sorted(sums)
+    return any(sums[a] > 0 and sums[b] > 0 and b - a > 1 for a, b in pairwise(ordered))
 
 
 def noisy_loss(jump: float, jump_minutes: float, easy: float | None = None, seed: int = 5) -> list[Sample]:

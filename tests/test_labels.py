@@ -305,7 +305,7 @@ def test_backtest_labels_with_two_rules_scores_each(bench):
 
 
 def test_a_page_check_pages_an_incident_and_a_notify_check_never(demo_db, tmp_path):
-    """The demo's gradient-norm run is caught by grad_norm_high (a page check) and its skipped-steps
+    """The demo's gradient-norm run is caught by grad_norm_high (a page check) and its skip-episodes
     run by steps_skipped; its throughput run only notifies, so a quiet label there is not paged."""
     labels = tmp_path / "labels.csv"
     labels.write_text(
@@ -321,7 +321,7 @@ def test_a_page_check_pages_an_incident_and_a_notify_check_never(demo_db, tmp_pa
     # The norm is 3.5 from 11:52 on: the 11:53 tick is the first to read a minute of it, and the
     # checks' five-minute pending period makes 11:58 the first to fire (ticks 11:53-11:58).
     assert grok["paged"] and grok["minutes_to_page"] == 6
-    # Skips at 11:48, 11:51 and 11:54: the 11:55 tick is the first whose quarter hour holds three,
+    # Skips at 11:48, 11:51 and 11:54, three episodes: the 11:55 tick is the first whose quarter hour holds three,
     # 12:00 the first after five more minutes of ticks that do.
     assert jamba["paged"] and jamba["minutes_to_page"] == 12
     assert not nemo["paged"] and nemo["wrong_pages"] == 0

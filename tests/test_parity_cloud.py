@@ -2,11 +2,14 @@
 
 One small fleet holds a run for each detector's incident (level shift, slow
 divergence, spike train, a slow-stepping run's shift) and each default check
-(gradient norm, skipped steps across a retried attempt, a worse evaluation, and
-throughput under a floor set in the settings), plus a run whose newest rows
-arrive late. `evaluate` reads it from DuckDB, from the emulator's raw telemetry
-(the real google-cloud-bigquery client) and from its `loss_spike_minutes` view,
-before and after the late rows land: every row must be the same on all three.
+(gradient norm, skip episodes across a retried attempt, a worse evaluation, and
+throughput under a floor set in the settings), the skip fleet (tests/health_runs.py
+SKIP_FLEET: one burst at 2 s, 10 s and 105 s a step and one across minutes without a
+value must not page; three episodes and a non-finite newest value must), plus a run
+whose newest rows arrive late.
+`evaluate` reads it from DuckDB, from the emulator's raw telemetry (the real
+google-cloud-bigquery client) and from its `loss_spike_minutes` view, before and
+after the late rows land: every row must be the same on all three.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from datetime import timedelta
 
 import pytest
 from conftest import NOW, store_with
+from health_runs import SKIP_FLEET, skip_fleet
 from incidents import falling_run
 from oracle import Sample
 from servers import bigquery as bqserver
@@ -45,6 +49,7 @@ WANTED = {
     "hero-slow": ("level_shift", []),
     "hero-grad": ("healthy", ["grad_norm_high"]),
     "hero-retried": ("healthy", ["steps_skipped"]),
+    **{run: ("healthy", ["steps_skipped"] if fires else []) for run, fires in SKIP_FLEET.items()},
     "hero-eval": ("healthy", ["eval_regressed"]),
     "hero-throughput": ("healthy", ["throughput_low"]),
     "hero-late": ("level_shift", []),
@@ -79,8 +84,8 @@ def _diverging(run: str) -> list[Sample]:
 
 
 def _retried(run: str) -> list[Sample]:
-    """A retry 30 minutes ago (same run ID, a new UID): three skipped steps in the new attempt's
-    quarter hour page; the old attempt's two, in the same quarter hour, must not add."""
+    """A retry 30 minutes ago (same run ID, a new UID): three skip episodes in the new attempt's
+    quarter hour page; the old attempt's skipped steps, in the same quarter hour, must not add."""
     out = []
     for s in falling_run(run, minutes=90, cadence=20.0, seed=6):
         if NOW - s.timestamp > 30 * MINUTE:
@@ -89,8 +94,9 @@ def _retried(run: str) -> list[Sample]:
             out.append(replace(s, execution_uid="attempt-2"))
     # Late rows of the old attempt, inside the check's quarter hour, before the retry's newest sample.
     out += _values("optim_skipped_step", run, [1.0, 1.0], every=300, uid="attempt-1")
-    # Six to ten minutes back: three in every tick's quarter hour of the checks' pending period.
-    out += _values("optim_skipped_step", run, [1.0, 1.0, 1.0, 0.0, 0.0], every=120, uid="attempt-2")
+    # Skipped 14, 10 and 6 minutes back, accepted steps between: three episodes in every tick's
+    # quarter hour of the checks' pending period, at both ticks.
+    out += _values("optim_skipped_step", run, [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0], every=120, uid="attempt-2")
     return out
 
 
@@ -112,6 +118,7 @@ def fleet() -> tuple[list[Sample], list[Sample]]:
     # Above the limit for eight minutes: longer than the checks' pending period.
     samples += _values("grad_norm_total", "hero-grad", [0.8, 1.1, *[2.6] * 24, math.nan], every=20)
     samples += _retried("hero-retried")
+    samples += skip_fleet()
     samples += falling_run("hero-eval", minutes=90, cadence=20.0, seed=9)
     samples += _values("eval_paloma_macro_loss", "hero-eval", [3.1, 3.0, 3.2], every=600)
     samples += _throughput("hero-throughput")
