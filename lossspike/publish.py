@@ -533,6 +533,24 @@ class DuckDBSink:
             connection.register("lossspike_publish_rows", data)
             connection.execute(f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_publish_rows")
 
+    def write_arrow(self, data: Any) -> int:
+        """Insert an Arrow table or RecordBatchReader whose columns are the table's own, in one
+        statement (one transaction: all of it or none); the number of rows inserted.
+
+        A reader is consumed as DuckDB scans it, so a load of any size is held a batch at a time.
+        """
+        import duckdb
+
+        names = ", ".join(f'"{name}"' for name in data.schema.names)
+        with duckdb.connect(self.path) as connection:
+            if not self._created:
+                self._create(connection)
+            connection.register("lossspike_arrow_rows", data)
+            inserted = connection.execute(
+                f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_arrow_rows"
+            ).fetchone()
+        return int(inserted[0]) if inserted else 0
+
     def close(self) -> None:
         pass
 
@@ -609,6 +627,28 @@ class BigQueryWriteSink:
                 detail = response.error.message or response.row_errors[0].message
                 raise RuntimeError(f"BigQuery Storage Write refused {len(rows)} rows: {detail}")
             return
+        raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
+
+    def write_arrow(self, batch: Any) -> int:
+        """Append one Arrow record batch whose schema is the table's own columns (any subset, in
+        the table's types); raise as `write` does. The number of rows appended."""
+        from google.cloud.bigquery_storage_v1 import types
+
+        if not batch.num_rows:
+            return 0
+        request = types.AppendRowsRequest(
+            write_stream=self._stream,
+            arrow_rows=types.AppendRowsRequest.ArrowData(
+                writer_schema=types.ArrowSchema(serialized_schema=batch.schema.serialize().to_pybytes()),
+                rows=types.ArrowRecordBatch(serialized_record_batch=batch.serialize().to_pybytes()),
+            ),
+        )
+        metadata = (("x-goog-request-params", f"write_stream={self._stream}"),)
+        for response in self._client.append_rows(iter([request]), timeout=self._timeout_s, metadata=metadata):
+            if response.error.code or response.row_errors:
+                detail = response.error.message or response.row_errors[0].message
+                raise RuntimeError(f"BigQuery Storage Write refused {batch.num_rows} rows: {detail}")
+            return batch.num_rows
         raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
 
     def close(self) -> None:
