@@ -262,3 +262,39 @@ def test_attempt_flag_makes_a_file_its_own_attempt(tmp_path):
     with duckdb.connect(str(database), read_only=True) as connection:
         uids = connection.execute("SELECT execution_uid, COUNT(*) FROM telemetry GROUP BY 1 ORDER BY 1").fetchall()
     assert uids == [("job1", len(rows)), ("job2", len(later))]
+
+
+def _real_curves() -> Path | None:
+    """../shared/real_curves beside the clone (or beside the worktrees' folder)."""
+    repo = Path(__file__).resolve().parent.parent
+    for base in (repo.parent, repo.parent.parent):
+        if (base / "shared" / "real_curves").is_dir():
+            return base / "shared" / "real_curves"
+    return None
+
+
+def test_every_real_curves_file_loads_through_the_csv_path(tmp_path):
+    import csv
+
+    from lossspike.load import DuckDBTarget, load_history
+
+    folder = _real_curves()
+    if folder is None:
+        pytest.skip("../shared/real_curves is not beside this clone")
+    database = tmp_path / "real.duckdb"
+    files = sorted(folder.glob("*.csv"))
+    assert files
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    for path in files:
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        report = load_history(
+            [str(path)], f"hero-{path.stem}", DuckDBTarget(database), metric_map={"loss": "train_loss"}, start=start
+        )
+        assert report.rows_written == len(rows), path.name
+        assert set(report.attempts) == {f"{path.stem}-attempt-{r['attempt']}" for r in rows}
+        with duckdb.connect(str(database), read_only=True) as connection:
+            nan = connection.execute(
+                "SELECT COUNT(*) FROM telemetry WHERE run_id = ? AND isnan(value)", [f"hero-{path.stem}"]
+            ).fetchone()[0]
+        assert nan == sum(1 for r in rows if math.isnan(float(r["loss"]))), path.name
