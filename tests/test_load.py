@@ -298,3 +298,83 @@ def test_every_real_curves_file_loads_through_the_csv_path(tmp_path):
                 "SELECT COUNT(*) FROM telemetry WHERE run_id = ? AND isnan(value)", [f"hero-{path.stem}"]
             ).fetchone()[0]
         assert nan == sum(1 for r in rows if math.isnan(float(r["loss"]))), path.name
+
+
+# -- TensorBoard ------------------------------------------------------------------------------
+# Written by TensorBoard's own writers: `tensorboard.summary.Writer.add_scalar` (a v2 scalar
+# tensor with the `scalars` plugin's metadata on a tag's first event,
+# tensorflow/tensorboard tensorboard/summary/_writer.py and _output.py) and its EventFileWriter
+# with v1 `simple_value` summaries, the form PyTorch's SummaryWriter writes
+# (tensorboard/summary/writer/event_file_writer.py). Values are float32 in both.
+
+
+def float32(rows: list[dict]) -> list[dict]:
+    import numpy as np
+
+    return [{**r, "loss": float(np.float32(r["loss"]))} for r in rows]
+
+
+def write_tensorboard(logdir: Path, rows: list[dict], simple_value: bool) -> None:
+    """One run directory per attempt (job1, job2), as a resumed job writes a new one."""
+    for attempt in (1, 2):
+        part = [r for r in rows if r["attempt"] == attempt]
+        directory = logdir / f"job{attempt}"
+        if simple_value:
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            writer = EventFileWriter(str(directory))
+            for r in part:
+                summary = summary_pb2.Summary(
+                    value=[summary_pb2.Summary.Value(tag="train/loss", simple_value=r["loss"])]
+                )
+                writer.add_event(event_pb2.Event(wall_time=r["time"].timestamp(), step=r["step"], summary=summary))
+            writer.close()
+        else:
+            from tensorboard.summary import Writer
+
+            writer = Writer(str(directory))
+            for r in part:
+                writer.add_scalar("train/loss", r["loss"], r["step"], wall_time=r["time"].timestamp())
+                writer.add_scalar("grad/norm/total", 1.0, r["step"], wall_time=r["time"].timestamp())
+            writer.close()
+
+
+@pytest.fixture(scope="module")
+def expected_float32(tmp_path_factory) -> list[dict]:
+    database = tmp_path_factory.mktemp("direct32") / "direct.duckdb"
+    direct(database, float32(series()), "job{a}")
+    return backtest(database)
+
+
+@pytest.mark.parametrize("simple_value", [False, True])
+def test_tensorboard_runs_load_as_attempts_and_backtest_as_the_series(tmp_path, simple_value, expected_float32):
+    logdir = tmp_path / "tb"
+    write_tensorboard(logdir, series(), simple_value)
+    database = tmp_path / "history.duckdb"
+    result = lossspike("load", str(logdir), "--run", RUN, "--database", str(database))
+    assert result.returncode == 0, result.stderr
+    assert "job1" in result.stdout and "job2" in result.stdout
+    if not simple_value:
+        assert "grad_norm_total -> the grad_norm check" in result.stdout
+        with duckdb.connect(str(database)) as connection:
+            connection.execute("DELETE FROM telemetry WHERE name <> 'train_loss'")
+    assert backtest(database) == expected_float32
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt"])
+def test_a_truncated_or_corrupt_event_file_is_refused_and_nothing_written(tmp_path, damage):
+    logdir = tmp_path / "tb"
+    write_tensorboard(logdir, series(), simple_value=False)
+    path = next((logdir / "job2").glob("events.out.tfevents.*"))
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :])
+    database = tmp_path / "history.duckdb"
+    result = lossspike("load", str(logdir), "--run", RUN, "--database", str(database))
+    one_line_error(result, str(path), "truncated or corrupt")
+    assert result.returncode == 2
+    assert not database.exists() or count(database) == 0
