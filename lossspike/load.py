@@ -135,7 +135,8 @@ def _kind(path: Path) -> str | None:
 
 def _search(directory: Path) -> list[Source]:
     """A directory's sources: W&B runs, else TensorBoard runs (one attempt per directory), else tables."""
-    wandb = sorted(directory.rglob(f"run-*{WANDB_SUFFIX}"))
+    # wandb/latest-run is a symbolic link to the newest run directory: the same file again.
+    wandb = sorted(p for p in directory.rglob(f"run-*{WANDB_SUFFIX}") if not p.parent.is_symlink())
     if wandb:
         return [Source(p, "wandb", _attempt_name(p)) for p in wandb]
     events = sorted(p for p in directory.rglob(f"*{TENSORBOARD_MARK}*") if p.is_file())

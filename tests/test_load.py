@@ -378,3 +378,88 @@ def test_a_truncated_or_corrupt_event_file_is_refused_and_nothing_written(tmp_pa
     one_line_error(result, str(path), "truncated or corrupt")
     assert result.returncode == 2
     assert not database.exists() or count(database) == 0
+
+
+# -- W&B ----------------------------------------------------------------------------------------
+# Runs written by wandb itself in offline mode (no network): each job is `wandb.init(id=...,
+# resume="allow")`, which writes a new `wandb/offline-run-<date>_<time>-<id>/run-<id>.wandb`
+# (https://docs.wandb.ai/guides/runs/resuming), as Pythia's history is one W&B run per job.
+# `_timestamp` given to run.log is kept as the history row's time (checked against wandb 0.29:
+# wandb-core adds `_timestamp` only where the row has none).
+
+WANDB_SCRIPT = """
+import json, sys, wandb
+rows = json.load(open(sys.argv[1]))
+for attempt in (1, 2):
+    run = wandb.init(project="hero", id="hero7b", resume="allow", mode="offline")
+    for r in rows:
+        if r["attempt"] == attempt:
+            run.log({"train/loss": r["loss"], "grad/norm/total": 1.0, "_timestamp": r["time"]}, step=r["step"])
+    run.finish()
+"""
+
+
+def write_wandb(directory: Path, rows: list[dict]) -> list[Path]:
+    import os
+    import subprocess
+    import sys
+
+    data = directory / "rows.json"
+    data.write_text(json.dumps([{**r, "time": r["time"].timestamp()} for r in rows]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(directory), WANDB_DISABLE_GIT="true")
+    result = subprocess.run(
+        [sys.executable, "-c", WANDB_SCRIPT, str(data)], env=env, cwd=directory, capture_output=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    runs = sorted(p for p in (directory / "wandb").glob("offline-run-*") if not p.is_symlink())
+    assert len(runs) == 2, runs
+    return runs
+
+
+@pytest.fixture(scope="module")
+def wandb_runs(tmp_path_factory) -> tuple[Path, list[Path]]:
+    pytest.importorskip("wandb.sdk.internal.datastore")
+    directory = tmp_path_factory.mktemp("wandb")
+    return directory, write_wandb(directory, series())
+
+
+def test_wandb_offline_runs_with_a_resume_load_as_attempts_and_backtest_as_the_series(tmp_path, wandb_runs):
+    directory, runs = wandb_runs
+    names = [run.name.removeprefix("offline-run-") for run in runs]
+    reference = tmp_path / "direct.duckdb"
+    rows = series()
+    with duckdb.connect(str(reference)) as connection:
+        connection.execute(telemetry_table_ddl("telemetry"))
+        connection.executemany(
+            "INSERT INTO telemetry VALUES (?, 'levanter', 'train_loss', ?, NULL, ?, ?, ?)",
+            [[r["time"], r["loss"], RUN, names[r["attempt"] - 1], names[r["attempt"] - 1]] for r in rows],
+        )
+    database = tmp_path / "history.duckdb"
+    result = lossspike("load", *(str(run) for run in runs), "--run", RUN, "--database", str(database))
+    assert result.returncode == 0, result.stderr
+    assert all(name in result.stdout for name in names)
+    assert "train_loss -> the loss rule" in result.stdout and "grad_norm_total -> the grad_norm check" in result.stdout
+    with duckdb.connect(str(database)) as connection:
+        connection.execute("DELETE FROM telemetry WHERE name <> 'train_loss'")
+    assert backtest(database) == backtest(reference)
+    # The whole wandb folder finds the same two runs (not latest-run again), and adds nothing.
+    again = lossspike("load", str(directory / "wandb"), "--run", RUN, "--database", str(database))
+    assert again.returncode == 0, again.stderr
+    assert "0 rows written" in again.stdout
+
+
+def test_a_wandb_file_cut_in_half_is_refused_and_nothing_written(tmp_path, wandb_runs):
+    import shutil
+
+    _, runs = wandb_runs
+    copy = tmp_path / runs[1].name
+    shutil.copytree(runs[1], copy)
+    path = next(copy.glob("run-*.wandb"))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    database = tmp_path / "history.duckdb"
+    result = lossspike("load", str(runs[0]), str(copy), "--run", RUN, "--database", str(database))
+    one_line_error(result, str(path), "corrupt or the file was cut")
+    assert result.returncode == 2
+    assert not database.exists() or count(database) == 0
