@@ -2,10 +2,10 @@
 
     report = load_history(["history.csv"], "hero-7b", target=DuckDBTarget("history.duckdb"))
 
-Every source is read into one long form (time, step, name, value, attempt), staged in a
-scratch DuckDB file (so a load of any size is held a batch at a time), and what the target
-table does not already hold is written through the publisher's sinks in the table's own shape
-(the contract's, or a Levanter table's, read from its schema as the tick reads it).
+Every source is read, a batch at a time (a load of any size holds a few batches), into one
+long form (time, step, name, value, attempt), and what the target table does not already hold
+is written through the publisher's sinks in the table's own shape (the contract's, or a
+Levanter table's, read from its schema as the tick reads it).
 
 A row is the same row when it has the same run, cluster, attempt (execution_uid) and metric
 name and a time no later than the newest such row already in the table: each attempt's times
@@ -21,9 +21,7 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,12 +39,13 @@ from lossspike.selection import CHECK_METRICS, Selection, metric_names
 
 # Rows per batch between the readers, the staging file and the sinks: a few MB of Arrow.
 BATCH_ROWS = 65_536
-# CSV bytes parsed at once: large enough for pyarrow's threads, small enough to bound memory.
-CSV_BLOCK_BYTES = 8 << 20
+# CSV bytes parsed at once: pyarrow reads a few blocks ahead, so larger blocks cost memory, not speed.
+CSV_BLOCK_BYTES = 1 << 20
+# What DuckDB may buffer while it inserts a load: with a few batches in flight, a load stays
+# under 500 MiB however large its files.
+DUCKDB_MEMORY = "192MB"
 # Rows per BigQuery append: ~100 B a row makes ~5 MB, under the Storage Write API's 10 MB request cap.
 APPEND_ROWS = 50_000
-# What DuckDB may hold of the staging file in memory before it spills to disk.
-STAGE_MEMORY = "256MB"
 # An epoch number at least this large is milliseconds: 1e11 s is the year 5138, 1e11 ms is 1973.
 EPOCH_MS_FROM = 1e11
 
@@ -80,7 +79,6 @@ LONG_SCHEMA = pa.schema(
         ("attempt", pa.string()),
     ]
 )
-_STAGED_SCHEMA = pa.schema([("ord", pa.int64()), *[f for f in LONG_SCHEMA if f.name != "key"], ("name", pa.string())])
 
 
 class LoadError(Exception):
@@ -508,7 +506,7 @@ class Target(Protocol):
 
     def columns(self) -> dict[str, str] | None: ...
 
-    def marks(self, run: str, cluster: str | None, since_us: int, time_column: str) -> tuple[pa.Table, str]: ...
+    def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]: ...
 
     def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int: ...
 
@@ -544,7 +542,8 @@ class DuckDBTarget:
             ).fetchall()
         return {column: kind for column, kind in rows} or None
 
-    def marks(self, run: str, cluster: str | None, since_us: int, time_column: str) -> tuple[pa.Table, str]:
+    def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]:
+        """The newest time (epoch microseconds) of each attempt's metric of this run: a local scan, free."""
         from lossspike.dialects import DUCKDB, quote_table
 
         us = 'epoch_us("timestamp")' if time_column == "timestamp" else '"timestamp_ms" * 1000'
@@ -552,16 +551,16 @@ class DuckDBTarget:
             marks = connection.sql(
                 f"""
                 SELECT execution_uid, name, MAX({us}) AS mark FROM {quote_table(DUCKDB, self.table)}
-                WHERE run_id = ? AND cluster IS NOT DISTINCT FROM ? AND {us} >= ?
+                WHERE run_id = ? AND cluster IS NOT DISTINCT FROM ?
                 GROUP BY execution_uid, name
                 """,
-                params=[run, cluster, since_us],
+                params=[run, cluster],
             ).to_arrow_table()
         return marks, ""
 
     def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
         # One INSERT over a reader: the sink commits all of it or, on any error, none.
-        return self._sink.write_arrow(pa.RecordBatchReader.from_batches(schema, batches))
+        return self._sink.write_arrow(pa.RecordBatchReader.from_batches(schema, batches), memory_limit=DUCKDB_MEMORY)
 
 
 # -- the load ------------------------------------------------------------------------------
@@ -617,7 +616,12 @@ def load_history(
     time_column: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> LoadReport:
-    """Read every source, and write what `target` does not hold yet; LoadError before any write."""
+    """Read every source, and write what `target` does not hold yet; on bad input, LoadError and nothing written.
+
+    Into DuckDB the sources stream through once, into one INSERT that an error anywhere rolls
+    back. Into BigQuery, whose appends commit one by one, a first pass reads every source to the
+    end (so bad input fails before any append) and finds the first time the marks query needs.
+    """
     selection = selection or Selection()
     if not run.strip():
         raise LoadError("--run: the run ID is empty")
@@ -637,60 +641,95 @@ def load_history(
         if problem:
             raise LoadError(f"{problem} (the target of the load)")
     shape_columns = columns or _SINK_COLUMNS
+    shape = telemetry_shape(shape_columns)
     report = LoadReport(run=run, target=target.description, created=columns is None)
     start_us = None if start is None else (start - _EPOCH) // timedelta(microseconds=1)
-    total = sum(s.path.stat().st_size for s in sources)
-    scratch = tempfile.mkdtemp(prefix="lossspike-load-")
-    try:
-        import duckdb
+    mapping = dict(metric_map or {})
 
-        stage = duckdb.connect(os.path.join(scratch, "stage.duckdb"))
-        stage.execute(f"SET memory_limit = '{STAGE_MEMORY}'")
-        stage.execute(f"SET temp_directory = '{os.path.join(scratch, 'spill')}'")
-        stage.execute(
-            "CREATE TABLE stage (ord BIGINT, ts BIGINT, step BIGINT, value DOUBLE, attempt VARCHAR, name VARCHAR)"
-        )
-        _stage(sources, run, start_us, time_column, dict(metric_map or {}), stage, total, progress)
-        summary = stage.execute(
-            "SELECT attempt, name, COUNT(*), MIN(ts), MAX(ts) FROM stage GROUP BY attempt, name"
-        ).fetchall()
-        if not summary:
+    def read(tally: _Tally | None) -> Iterator[pa.RecordBatch]:
+        return _long_batches(sources, run, start_us, time_column, mapping, progress, tally)
+
+    tally = _Tally()
+    since: int | None = None
+    if getattr(target, "validates_first", False):
+        for _ in read(tally):
+            pass
+        if not tally.counts:
             raise LoadError(f"{', '.join(str(s.path) for s in sources)}: no metric values in the source")
-        since = min(row[3] for row in summary)
-        shape = telemetry_shape(shape_columns)
-        marks, report.cost = (
-            (pa.table({"execution_uid": [], "name": [], "mark": []}, schema=_MARKS), "")
-            if columns is None
-            else target.marks(run, cluster, since, shape.time_column)
-        )
-        stage.register("marks", marks.cast(_MARKS))
-        for attempt, name, count, first, last in summary:
-            report.rows_read += count
-            report.attempts[attempt] = report.attempts.get(attempt, 0) + count
-            report.metrics[name] = report.metrics.get(name, 0) + count
-            report.first = min(filter(None, [report.first, _instant(first)]))
-            report.last = max(filter(None, [report.last, _instant(last)]))
-        fresh = stage.sql(
-            """
-            SELECT s.ord, s.ts, s.step, s.value, s.attempt, s.name FROM stage s
-            LEFT JOIN marks m ON m.execution_uid = s.attempt AND m.name = s.name
-            WHERE m.mark IS NULL OR s.ts > m.mark
-            ORDER BY s.ord
-            """
-        ).to_arrow_reader(BATCH_ROWS)
-        fixed = {"run_id": run, "cluster": cluster, "service": selection.service or SERVICE}
-        schema = _target_schema(shape_columns)
-        batches = (_shaped(batch, schema, fixed, shape) for batch in fresh)
+        since = tally.first_us
+    marks: dict[tuple[str, str], int] = {}
+    if columns is not None:
+        table, report.cost = target.marks(run, cluster, since, shape.time_column)
+        marks = {(u, n): m for u, n, m in zip(*(table.column(c).to_pylist() for c in _MARKS.names), strict=True)}
+    fixed = {"run_id": run, "cluster": cluster, "service": selection.service or SERVICE}
+    schema = _target_schema(shape_columns)
+    failure: list[LoadError] = []
+
+    def fresh() -> Iterator[pa.RecordBatch]:
         try:
-            report.rows_written = target.write(batches, schema)
-        except LoadError:
+            for batch in read(None if since is not None else tally):
+                kept = _after_marks(batch, marks)
+                if kept.num_rows:
+                    yield _shaped(kept, schema, fixed, shape)
+        except LoadError as error:
+            failure.append(error)
             raise
-        except Exception as error:  # noqa: BLE001 - the sink's own error, named in one line
-            raise LoadError(f"writing to {target.description} failed: {_first_line(error)}") from None
-        stage.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+    try:
+        report.rows_written = target.write(fresh(), schema)
+    except LoadError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a source's error surfaces through the sink's reader
+        if failure:
+            raise failure[0] from None
+        raise LoadError(f"writing to {target.description} failed: {_first_line(error)}") from None
+    if failure:
+        raise failure[0]
+    if not tally.counts:
+        raise LoadError(f"{', '.join(str(s.path) for s in sources)}: no metric values in the source")
+    report.rows_read = sum(tally.counts.values())
+    for (attempt, name), number in tally.counts.items():
+        report.attempts[attempt] = report.attempts.get(attempt, 0) + number
+        report.metrics[name] = report.metrics.get(name, 0) + number
+    report.first, report.last = _instant(tally.first_us), _instant(tally.last_us)
     return report
+
+
+@dataclass
+class _Tally:
+    """Rows read per (attempt, name), and the first and last time, batch by batch."""
+
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    first_us: int = 2**63 - 1
+    last_us: int = -(2**63)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        ts = batch.column("ts")
+        self.first_us = min(self.first_us, pc.min(ts).as_py())
+        self.last_us = max(self.last_us, pc.max(ts).as_py())
+        grouped = pa.Table.from_batches([batch]).group_by(["attempt", "name"]).aggregate([("ts", "count")])
+        for attempt, name, number in zip(
+            *(grouped.column(c).to_pylist() for c in ("attempt", "name", "ts_count")), strict=True
+        ):
+            self.counts[(attempt, name)] = self.counts.get((attempt, name), 0) + number
+
+
+def _after_marks(batch: pa.RecordBatch, marks: Mapping[tuple[str, str], int]) -> pa.RecordBatch:
+    """The rows of `batch` later than the table's newest row of their attempt and metric."""
+    if not marks:
+        return batch
+    pairs = pa.Table.from_batches([batch]).group_by(["attempt", "name"]).aggregate([])
+    keep = None
+    for attempt, name in zip(pairs.column("attempt").to_pylist(), pairs.column("name").to_pylist(), strict=True):
+        mark = marks.get((attempt, name))
+        if mark is None:
+            continue
+        old = pc.and_(
+            pc.and_(pc.equal(batch.column("attempt"), attempt), pc.equal(batch.column("name"), name)),
+            pc.less_equal(batch.column("ts"), mark),
+        )
+        keep = pc.invert(old) if keep is None else pc.and_(keep, pc.invert(old))
+    return batch if keep is None else batch.filter(keep)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -708,52 +747,41 @@ _SINK_COLUMNS = {
     "process_index": "BIGINT",
     "step": "BIGINT",
 }
+_NAMED_SCHEMA = pa.schema([*[f for f in LONG_SCHEMA if f.name != "key"], ("name", pa.string())])
 
 
 def _instant(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1e6, UTC)
 
 
-def _stage(
+def _long_batches(
     sources: Sequence[Source],
     run: str,
     start_us: int | None,
     time_column: str | None,
     metric_map: dict[str, str],
-    stage: Any,
-    total: int,
     progress: Callable[[int, int], None] | None,
-) -> None:
-    """Read every source into the staging table, names normalised and mapped."""
-    ordinal = 0
+    tally: _Tally | None,
+) -> Iterator[pa.RecordBatch]:
+    """Every source's rows (ts, step, value, attempt, name), names normalised and mapped."""
+    total = sum(s.path.stat().st_size for s in sources)
     finished = 0
     for source in sources:
         reader = _reader(source)
-        done = 0
         for batch, done in reader(source, run, start_us, time_column):
             if not batch.num_rows:
                 continue
             keys = batch.column("key").dictionary_encode()
             names = pa.array([_product_name(k, metric_map) for k in keys.dictionary.to_pylist()], pa.string())
-            name = pc.take(names, keys.indices)
-            ordinals = pa.array(np.arange(ordinal, ordinal + batch.num_rows, dtype=np.int64))
-            ordinal += batch.num_rows
-            staged = pa.record_batch(
-                [
-                    ordinals,
-                    batch.column("ts"),
-                    batch.column("step"),
-                    batch.column("value"),
-                    batch.column("attempt"),
-                    name,
-                ],
-                schema=_STAGED_SCHEMA,
+            named = pa.record_batch(
+                [batch.column(c) for c in ("ts", "step", "value", "attempt")] + [pc.take(names, keys.indices)],
+                schema=_NAMED_SCHEMA,
             )
-            stage.register("incoming", staged)
-            stage.execute("INSERT INTO stage SELECT * FROM incoming")
-            stage.unregister("incoming")
+            if tally is not None:
+                tally.add(named)
             if progress:
                 progress(finished + done, total)
+            yield named
         finished += source.path.stat().st_size
     if progress:
         progress(total, total)

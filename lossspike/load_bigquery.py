@@ -23,6 +23,9 @@ from lossspike.load import APPEND_ROWS, LoadError, _first_line
 class BigQueryTarget:
     """`project.dataset.table` through a BigQuery client (the reads) and a BigQueryWriteClient (the appends)."""
 
+    # Appends commit one by one: the load reads every source to the end before the first.
+    validates_first = True
+
     def __init__(self, table: str, client: Any, write_client: Any = None) -> None:
         from lossspike.publish import BigQueryWriteSink
 
@@ -46,9 +49,10 @@ class BigQueryTarget:
             raise LoadError(f"BigQuery table {self.table}: {_first_line(error)}") from None
         return {field.name: field.field_type for field in schema}
 
-    def marks(self, run: str, cluster: str | None, since_us: int, time_column: str) -> tuple[pa.Table, str]:
+    def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]:
         from google.cloud import bigquery
 
+        since_us = since_us or 0
         if time_column == "timestamp":
             micros, since = "UNIX_MICROS(`timestamp`)", "`timestamp` >= TIMESTAMP_MICROS(@since_us)"
         else:

@@ -533,16 +533,18 @@ class DuckDBSink:
             connection.register("lossspike_publish_rows", data)
             connection.execute(f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_publish_rows")
 
-    def write_arrow(self, data: Any) -> int:
+    def write_arrow(self, data: Any, memory_limit: str | None = None) -> int:
         """Insert an Arrow table or RecordBatchReader whose columns are the table's own, in one
         statement (one transaction: all of it or none); the number of rows inserted.
 
-        A reader is consumed as DuckDB scans it, so a load of any size is held a batch at a time.
+        A reader is consumed as DuckDB scans it, so a load of any size is held a batch at a time;
+        `memory_limit` caps DuckDB's buffers too (it writes a large insert's row groups to the file).
         """
         import duckdb
 
         names = ", ".join(f'"{name}"' for name in data.schema.names)
-        with duckdb.connect(self.path) as connection:
+        config = {"memory_limit": memory_limit} if memory_limit else {}
+        with duckdb.connect(self.path, config=config) as connection:
             if not self._created:
                 self._create(connection)
             connection.register("lossspike_arrow_rows", data)
