@@ -33,12 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder, first_line, format_us
 from lossspike.publish import SERVICE, metric_name
 from lossspike.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
 from lossspike.selection import CHECK_METRICS, Selection, metric_names
 
-# Rows per batch between the readers, the staging file and the sinks: a few MB of Arrow.
-BATCH_ROWS = 65_536
 # CSV bytes parsed at once: pyarrow reads a few blocks ahead, so larger blocks cost memory, not speed.
 CSV_BLOCK_BYTES = 1 << 20
 # What DuckDB may buffer while it inserts a load: with a few batches in flight, a load stays
@@ -69,32 +68,7 @@ TABLE_FORMATS = {
 TENSORBOARD_MARK = "tfevents"
 WANDB_SUFFIX = ".wandb"
 
-# The long form every reader yields: epoch microseconds, step, the source's key, value, attempt.
-LONG_SCHEMA = pa.schema(
-    [
-        ("ts", pa.int64()),
-        ("step", pa.int64()),
-        ("key", pa.string()),
-        ("value", pa.float64()),
-        ("attempt", pa.string()),
-    ]
-)
-
-
-class LoadError(Exception):
-    """A source or target the load refuses: one line naming the file and the fix; nothing written."""
-
-
 # -- sources -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Source:
-    """One file to read: its format, and the attempt it is (None: the run's, or its `attempt` column's)."""
-
-    path: Path
-    kind: str
-    attempt: str | None = None
 
 
 def find_sources(paths: Sequence[str], attempt_paths: Sequence[str] = ()) -> list[Source]:
@@ -158,43 +132,6 @@ def _attempt_name(path: Path) -> str:
 
 
 # -- reading tables ------------------------------------------------------------------------
-
-
-@dataclass
-class _Order:
-    """The last time seen per attempt, to refuse a source whose wall times go back."""
-
-    path: Path
-    unit: str = "line"
-    last: dict[str, int] = field(default_factory=dict)
-
-    def check(self, ts: np.ndarray, attempts: np.ndarray | None, default: str, first_row: int) -> None:
-        if attempts is None:
-            self._one(ts, default, first_row, np.arange(len(ts)))
-            return
-        for attempt in np.unique(attempts):
-            where = np.flatnonzero(attempts == attempt)
-            self._one(ts[where], str(attempt), first_row, where)
-
-    def _one(self, ts: np.ndarray, attempt: str, first_row: int, rows: np.ndarray) -> None:
-        if not len(ts):
-            return
-        previous = self.last.get(attempt)
-        joined = ts if previous is None else np.concatenate(([previous], ts))
-        back = np.flatnonzero(np.diff(joined) < 0)
-        if len(back):
-            index = int(back[0]) + (0 if previous is None else -1) + 1
-            row = first_row + int(rows[index])
-            raise LoadError(
-                f"{self.path}: {self.unit} {row}: the time goes back ({_when(int(joined[back[0] + 1]))} after"
-                f" {_when(int(joined[back[0]]))}); a restarted job's rows are another attempt: give its file"
-                " with --attempt, or sort the file by time"
-            )
-        self.last[attempt] = int(ts[-1])
-
-
-def _when(us: int) -> str:
-    return datetime.fromtimestamp(us / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -325,7 +262,7 @@ def _table_batches(path: Path, kind: str, time_column: str | None) -> Iterator[t
         try:
             handle = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as error:
-            raise LoadError(f"{path}: not a Parquet file ({_first_line(error)})") from None
+            raise LoadError(f"{path}: not a Parquet file ({first_line(error)})") from None
         total = path.stat().st_size
         groups = handle.metadata.num_row_groups or 1
         for index, batch in enumerate(handle.iter_batches(batch_size=BATCH_ROWS)):
@@ -370,7 +307,7 @@ def _csv_batches(path: Path, time_column: str | None) -> Iterator[tuple[pa.Recor
                 return
             yield batch, stream.tell()
     except pa.ArrowInvalid as error:
-        raise LoadError(f"{path}: {_first_line(error)}; fix the value or leave the column out") from None
+        raise LoadError(f"{path}: {first_line(error)}; fix the value or leave the column out") from None
     finally:
         stream.close()
 
@@ -415,7 +352,7 @@ def read_table(
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """A CSV, JSON lines or Parquet file as long-form batches (LONG_SCHEMA) with the bytes read so far."""
     path = source.path
-    order = _Order(path, "row" if source.kind == "parquet" else "line")
+    order = TimeOrder(path, "row" if source.kind == "parquet" else "line")
     # A CSV's or JSON file's line 1 is its header or first object; Parquet counts rows from 1.
     offset = 2 if source.kind == "csv" else 1
     row = 0
@@ -491,11 +428,6 @@ def _melt(
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=LONG_SCHEMA)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
 # -- targets -------------------------------------------------------------------------------
 
 
@@ -528,7 +460,7 @@ class DuckDBTarget:
         try:
             return duckdb.connect(self.path, read_only=read_only)
         except duckdb.Error as error:
-            raise LoadError(f"{self.path}: cannot open the DuckDB file ({_first_line(error)})") from None
+            raise LoadError(f"{self.path}: cannot open the DuckDB file ({first_line(error)})") from None
 
     def columns(self) -> dict[str, str] | None:
         if not Path(self.path).exists():
@@ -682,7 +614,7 @@ def load_history(
     except Exception as error:  # noqa: BLE001 - a source's error surfaces through the sink's reader
         if failure:
             raise failure[0] from None
-        raise LoadError(f"writing to {target.description} failed: {_first_line(error)}") from None
+        raise LoadError(f"writing to {target.description} failed: {first_line(error)}") from None
     if failure:
         raise failure[0]
     if not tally.counts:
@@ -875,8 +807,8 @@ def describe(report: LoadReport, selection: Selection) -> list[str]:
     lines = [
         f"{report.run}: {report.rows_written:,} rows written to {report.target}"
         f"{' (created)' if report.created else ''}, {report.rows_present:,} already there;"
-        f" {report.rows_read:,} read from {_when(int(report.first.timestamp() * 1e6))[:19]}Z"  # type: ignore[union-attr]
-        f" to {_when(int(report.last.timestamp() * 1e6))[:19]}Z"  # type: ignore[union-attr]
+        f" {report.rows_read:,} read from {format_us(int(report.first.timestamp() * 1e6))[:19]}Z"  # type: ignore[union-attr]
+        f" to {format_us(int(report.last.timestamp() * 1e6))[:19]}Z"  # type: ignore[union-attr]
     ]
     if report.cost:
         lines.append(report.cost)

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from lossspike.cost_model import PRICE_PER_TIB, TIB
-from lossspike.load import APPEND_ROWS, LoadError, _first_line
+from lossspike.load import APPEND_ROWS, LoadError, first_line
 
 
 class BigQueryTarget:
@@ -46,7 +46,7 @@ class BigQueryTarget:
                 f"BigQuery table {self.table} does not exist; create it first (terraform/ makes the contract's)"
             ) from None
         except exceptions.GoogleAPIError as error:
-            raise LoadError(f"BigQuery table {self.table}: {_first_line(error)}") from None
+            raise LoadError(f"BigQuery table {self.table}: {first_line(error)}") from None
         return {field.name: field.field_type for field in schema}
 
     def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]:
@@ -73,7 +73,7 @@ class BigQueryTarget:
             job = self._client.query(query, job_config=config)
             rows = list(job.result())
         except Exception as error:  # noqa: BLE001 - any client or API error, in one line
-            raise LoadError(f"reading {self.table}'s rows of run {run!r} failed: {_first_line(error)}") from None
+            raise LoadError(f"reading {self.table}'s rows of run {run!r} failed: {first_line(error)}") from None
         marks = pa.table(
             {
                 "execution_uid": [r["execution_uid"] for r in rows],
@@ -111,7 +111,7 @@ class BigQueryTarget:
             return sum(self._sink.write_arrow(batch) for batch in batches)
         except Exception as error:  # noqa: BLE001 - the sink's error, with what landed before it
             raise LoadError(
-                f"BigQuery append to {self.table} failed after {written:,} rows landed ({_first_line(error)});"
+                f"BigQuery append to {self.table} failed after {written:,} rows landed ({first_line(error)});"
                 " run the same load again: it writes only the rows not there yet"
             ) from None
 

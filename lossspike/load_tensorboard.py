@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from lossspike.load import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, _Order
+from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder
 
 # TensorBoard's plugin name for scalar summaries (tensorboard/plugins/scalar/metadata.py).
 SCALARS_PLUGIN = "scalars"
@@ -39,7 +39,7 @@ def read_events(
         ) from None
     path = source.path
     attempt = source.attempt or run
-    order = _Order(path, "scalar")
+    order = TimeOrder(path, "scalar")
     plugins: dict[str, str] = {}
     ts: list[int] = []
     steps: list[int] = []
@@ -97,7 +97,7 @@ def _tell(records: object, total: int) -> int:
 
 
 def _batch(
-    order: _Order, ts: list[int], steps: list[int], keys: list[str], values: list[float], attempt: str, first: int
+    order: TimeOrder, ts: list[int], steps: list[int], keys: list[str], values: list[float], attempt: str, first: int
 ) -> pa.RecordBatch:
     times = np.array(ts, dtype=np.int64)
     order.check(times, None, attempt, first)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from lossspike.load import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, _Order
+from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder
 
 # The history keys wandb adds to every row: the time of the log call, the step, the seconds run.
 TIME_KEY = "_timestamp"
@@ -38,7 +38,7 @@ def read_wandb(
         ) from None
     path = source.path
     attempt = source.attempt or run
-    order = _Order(path, "logged value")
+    order = TimeOrder(path, "logged value")
     store = datastore.DataStore()
     try:
         store.open_for_scan(str(path))
@@ -112,7 +112,7 @@ def struct_error() -> type[Exception]:
 
 
 def _batch(
-    order: _Order,
+    order: TimeOrder,
     ts: list[int],
     steps: list[int | None],
     keys: list[str],
