@@ -463,3 +463,46 @@ def test_a_wandb_file_cut_in_half_is_refused_and_nothing_written(tmp_path, wandb
     one_line_error(result, str(path), "corrupt or the file was cut")
     assert result.returncode == 2
     assert not database.exists() or count(database) == 0
+
+
+def test_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    source = write_csv(tmp_path / "history.csv", series())
+    command = [sys.executable, "-m", "lossspike.cli", "load", str(source), "--run", RUN, "--database"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+    leader, follower = pty.openpty()
+    result = subprocess.run(
+        [*command, str(tmp_path / "tty.duckdb")], stdout=subprocess.PIPE, stderr=follower, env=env, timeout=120
+    )
+    os.close(follower)
+    shown = b""
+    try:
+        while chunk := os.read(leader, 4096):
+            shown += chunk
+    except OSError:
+        pass  # the terminal's other end is closed: everything is read
+    os.close(leader)
+    assert result.returncode == 0
+    assert b"loading [" in shown and b"100.0%" in shown
+    piped = lossspike("load", str(source), "--run", RUN, "--database", str(tmp_path / "pipe.duckdb"))
+    assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_nan_and_inf_load_as_values(tmp_path):
+    path = bad(
+        tmp_path,
+        "odd.csv",
+        "timestamp,loss\n2026-11-02T09:00:00Z,nan\n2026-11-02T09:00:10Z,inf\n2026-11-02T09:00:20Z,-inf\n"
+        "2026-11-02T09:00:30Z,\n",
+    )
+    database = tmp_path / "h.duckdb"
+    result = lossspike("load", str(path), "--run", RUN, "--metric", "loss=train_loss", "--database", str(database))
+    assert result.returncode == 0, result.stderr
+    with duckdb.connect(str(database), read_only=True) as connection:
+        values = [v for (v,) in connection.execute("SELECT value FROM telemetry ORDER BY timestamp").fetchall()]
+    # The empty cell is no row; the three others are the values the alert pages on.
+    assert len(values) == 3 and math.isnan(values[0]) and values[1:] == [math.inf, -math.inf]
