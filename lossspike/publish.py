@@ -545,12 +545,16 @@ class DuckDBSink:
         names = ", ".join(f'"{name}"' for name in data.schema.names)
         config = {"memory_limit": memory_limit} if memory_limit else {}
         with duckdb.connect(self.path, config=config) as connection:
-            if not self._created:
-                self._create(connection)
+            # A missing table is made in the sink's columns, and its creation commits with the rows
+            # (a failed insert leaves no empty table behind); an existing one is never altered.
+            connection.begin()
+            columns = ", ".join(f'"{name}" {kind}' for name, kind in DUCKDB_COLUMNS.items())
+            connection.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
             connection.register("lossspike_arrow_rows", data)
             inserted = connection.execute(
                 f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_arrow_rows"
             ).fetchone()
+            connection.commit()
         return int(inserted[0]) if inserted else 0
 
     def close(self) -> None:

@@ -188,6 +188,9 @@ def test_a_levanter_shaped_table_is_written_in_its_own_shape(tmp_path, shape, ex
     assert result.returncode == 0, result.stderr
     with duckdb.connect(str(database), read_only=True) as connection:
         kinds = connection.execute("SELECT DISTINCT kind, process_index FROM telemetry").fetchall()
+        columns = [c for (c,) in connection.execute("SELECT column_name FROM information_schema.columns").fetchall()]
+    # The team's table keeps its own columns: a load adds none.
+    assert columns == [c for c, _, _ in SHAPE_COLUMNS[shape]]
     # The kind the shape's reader keeps (levanter-telemetry-facts.md 5.6) and process 0.
     assert kinds == [("scalar" if shape == "levanter.metrics" else "gauge", 0 if shape == "levanter.metrics" else "0")]
     # Whole milliseconds are all a timestamp_ms table holds: the series' times are whole seconds.
@@ -232,8 +235,13 @@ def test_a_bad_file_among_good_ones_writes_nothing(tmp_path):
     good = write_csv(tmp_path / "good.csv", series())
     broken = bad(tmp_path, "words.csv", "timestamp,loss\n2026-11-03T09:00:00Z,2.0\n2026-11-03T09:00:10Z,x\n")
     result = lossspike("load", str(good), str(broken), "--run", RUN, "--database", str(database))
+    one_line_error(result, str(broken))
     assert result.returncode == 2
-    assert not database.exists() or count(database) == 0
+    # The good file's rows were already in the INSERT when the bad one failed: it rolled back whole,
+    # the table's creation with it.
+    with duckdb.connect(str(database), read_only=True) as connection:
+        tables = connection.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert tables == []
 
 
 def test_a_run_the_pattern_does_not_watch_is_refused(tmp_path):
