@@ -125,4 +125,11 @@ def bigquery_target(table: str) -> BigQueryTarget:
             f"writing to BigQuery needs its clients ({error}); install them with: pip install 'lossspike[publish]'"
         ) from None
     project = table.split(".")[0]
-    return BigQueryTarget(table, bigquery.Client(project=project), bigquery_storage_v1.BigQueryWriteClient())
+    try:
+        client, writer = bigquery.Client(project=project), bigquery_storage_v1.BigQueryWriteClient()
+    except Exception as error:  # noqa: BLE001 - google.auth's DefaultCredentialsError and kin, in one line
+        raise LoadError(
+            f"BigQuery clients for {table} could not start ({first_line(error)}); give the environment"
+            " credentials, e.g. gcloud auth application-default login"
+        ) from None
+    return BigQueryTarget(table, client, writer)
