@@ -82,3 +82,55 @@ def test_a_missing_table_is_one_line_and_nothing_written(tmp_path, bq_endpoint):
     with pytest.raises(LoadError, match="does not exist"):
         load_history([str(source)], RUN, target, metric_map={"loss": "train_loss"})
     client.close()
+
+
+def test_a_load_cut_off_part_way_says_what_landed_and_the_same_load_writes_the_rest(tmp_path, bq_endpoint, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    import lossspike.load_bigquery as load_bigquery
+
+    # Small appends, so the connection can drop between two of them.
+    monkeypatch.setattr(load_bigquery, "APPEND_ROWS", 500)
+    client = bqserver.make_client(bq_endpoint, PROJECT)
+    table = f"{PROJECT}.obs.telemetry_cut"
+    create(client, table, "contract")
+    rows = series()
+    source = tmp_path / "history.csv"
+    pcsv.write_csv(
+        pa.table(
+            {
+                "timestamp": [r["time"] for r in rows],
+                "loss": [r["loss"] for r in rows],
+                "grad_norm": [1.0 + r["step"] for r in rows],
+                "attempt": [r["attempt"] for r in rows],
+            }
+        ),
+        source,
+    )
+
+    class Dropping(BigQueryTarget):
+        """The write client's connection closes after the second append: a real gRPC failure."""
+
+        appends = 0
+
+        def _append(self, table, written):
+            if Dropping.appends == 2:
+                self._sink._client.transport.close()
+            Dropping.appends += 1
+            return super()._append(table, written)
+
+    mapping = {"loss": "train_loss", "grad_norm": "grad_norm_total"}
+    cut = Dropping(table, client, bqserver.make_write_client(bq_endpoint))
+    with pytest.raises(LoadError, match="after 1,000 rows landed") as failure:
+        load_history([str(source)], RUN, cut, metric_map=mapping)
+    assert "run the same load again" in str(failure.value)
+    assert len(rows_of(client, table)) == 1000
+    report = load_history(
+        [str(source)], RUN, BigQueryTarget(table, client, bqserver.make_write_client(bq_endpoint)), metric_map=mapping
+    )
+    assert report.rows_written == 2 * len(rows) - 1000
+    written = rows_of(client, table)
+    keys = {(r["execution_uid"], r["name"], r["timestamp"]) for r in written}
+    assert len(written) == len(keys) == 2 * len(rows)
+    client.close()
