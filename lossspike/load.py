@@ -85,7 +85,7 @@ def find_sources(paths: Sequence[str], attempt_paths: Sequence[str] = ()) -> lis
                     f"{path}: no W&B run (run-*.wandb), TensorBoard event file (events.out.tfevents.*) or"
                     " CSV/JSON lines/Parquet file in it"
                 )
-            sources += [Source(s.path, s.kind, s.attempt or (_attempt_name(s.path) if own else None)) for s in found]
+            sources += [Source(s.path, s.kind, s.attempt or (path.name if own else None)) for s in found]
             continue
         kind = _kind(path)
         if kind is None:

@@ -40,7 +40,7 @@ def add_parsers(commands: Any) -> None:
     )
     load.add_argument(
         "--start",
-        help="the first row's time, RFC 3339, for a time column of seconds since the run began (seconds, _runtime)",
+        help="the instant a time column of seconds since the run began (seconds, _runtime) counts from, RFC 3339",
     )
     load.add_argument("--time-column", metavar="COLUMN", help="the time column of a table, when it is not found")
     target = load.add_mutually_exclusive_group()
