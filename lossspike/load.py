@@ -492,7 +492,17 @@ class DuckDBTarget:
 
     def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
         # One INSERT over a reader: the sink commits all of it or, on any error, none.
-        return self._sink.write_arrow(pa.RecordBatchReader.from_batches(schema, batches), memory_limit=DUCKDB_MEMORY)
+        existed = Path(self.path).exists()
+        try:
+            return self._sink.write_arrow(
+                pa.RecordBatchReader.from_batches(schema, batches), memory_limit=DUCKDB_MEMORY
+            )
+        except BaseException:
+            if not existed:
+                # The file the failed load opened holds nothing: leave no file behind either.
+                for leftover in (self.path, f"{self.path}.wal"):
+                    Path(leftover).unlink(missing_ok=True)
+            raise
 
 
 # -- the load ------------------------------------------------------------------------------
