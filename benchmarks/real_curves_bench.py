@@ -5,8 +5,9 @@
 Reads every CSV of ../shared/real_curves (beside the repository; see its README for
 where each file comes from). The data is not part of the project: this benchmark reads
 it from there and, when the folder is absent, says so and exits 0. Each file becomes one
-hero run in a DuckDB telemetry table (service levanter, metric train_loss), its
-`seconds` counted from one fixed start and each `attempt` a new execution_uid. The
+hero run in a DuckDB telemetry table through `lossspike load` (service levanter, metric
+train_loss), its `seconds` counted from one fixed start (`--start`) and each `attempt` a
+new execution_uid. The
 product then replays the whole range with `lossspike backtest --labels
 benchmarks/real_curves_labels.csv --format json`, once with the seed rule
 (`--detectors none --checks none --attempts all`) and once with the defaults, and
@@ -37,8 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
-import pyarrow as pa
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "real_curves"
@@ -56,63 +55,41 @@ def run_id(stem: str) -> str:
     return f"hero-{stem}"
 
 
-def read_curve(path: Path) -> dict[str, np.ndarray]:
-    """A real_curves CSV as arrays: seconds, loss (NaN kept), attempt."""
-    seconds, loss, attempt = [], [], []
-    with path.open(newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            seconds.append(float(row["seconds"]))
-            loss.append(float(row["loss"]))
-            attempt.append(int(row["attempt"]))
-    return {"seconds": np.array(seconds), "loss": np.array(loss), "attempt": np.array(attempt)}
+def load(files: list[Path], database: Path) -> tuple[dict[str, dict[str, float]], float]:
+    """Load every file with `lossspike load`; each file's rows and hours by stem, and the hours spanned.
 
-
-def load(files: list[Path], database: Path) -> tuple[dict[str, dict[str, np.ndarray]], float]:
-    """Write every file into `database`'s telemetry table; the curves by stem and the hours spanned."""
+    Each file is one run (`lossspike load FILE --run hero-STEM --start START --cluster real
+    --metric loss=train_loss`): its `seconds` count from START, and each `attempt` value becomes
+    the execution_uid `STEM-attempt-N`.
+    """
     sys.path.insert(0, str(REPO))
     from lossspike.overrides import OverrideRow, overrides_table_name, write_duckdb
-    from lossspike.schema import telemetry_table_ddl
     from lossspike.settings import Settings
 
-    curves = {}
-    parts = []
-    longest = 0.0
-    start_us = int((START - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+    start = START.strftime("%Y-%m-%dT%H:%M:%SZ")
     for path in files:
-        curve = read_curve(path)
-        curves[path.stem] = curve
-        longest = max(longest, float(curve["seconds"][-1]))
-        count = len(curve["seconds"])
-        parts.append(
-            pa.table(
-                {
-                    "timestamp": pa.array(
-                        start_us + np.round(curve["seconds"] * 1e6).astype(np.int64), type=pa.timestamp("us", tz="UTC")
-                    ),
-                    "value": curve["loss"],
-                    "run_id": [run_id(path.stem)] * count,
-                    "job_id": [path.stem] * count,
-                    "execution_uid": [f"{path.stem}-attempt-{a}" for a in curve["attempt"].tolist()],
-                }
-            )
-        )
+        command = [sys.executable, "-m", "lossspike.cli", "load", str(path), "--run", run_id(path.stem)]
+        command += ["--start", start, "--cluster", CLUSTER, "--metric", "loss=train_loss", "--database", str(database)]
+        result = subprocess.run(command, capture_output=True, text=True, env=clean, cwd=REPO)
+        if result.returncode != 0:
+            raise SystemExit(f"lossspike load {path.name} failed ({result.returncode}): {result.stderr.strip()}")
+    curves = {}
     with duckdb.connect(str(database)) as connection:
-        connection.execute(telemetry_table_ddl("telemetry"))
-        connection.register("batch", pa.concat_tables(parts))
-        connection.execute(
-            f"""
-            INSERT INTO telemetry (timestamp, service, name, value, cluster, run_id, job_id, execution_uid)
-            SELECT timestamp, 'levanter', 'train_loss', value, '{CLUSTER}', run_id, job_id, execution_uid FROM batch
-            """
-        )
+        spans = connection.execute(
+            "SELECT run_id, COUNT(*), MAX(epoch(timestamp)) FROM telemetry GROUP BY run_id"
+        ).fetchall()
+        by_run = {run: (rows, last - START.timestamp()) for run, rows, last in spans}
         # An excerpt's last row is where the file ends, not where the run stalled: each run is
         # marked finished a minute after it (SPEC: a run that ends on purpose is marked so).
         table = overrides_table_name(Settings().alerts_table)
-        for stem, curve in curves.items():
-            ended = START + timedelta(seconds=float(curve["seconds"][-1]) + 60)
-            pattern = run_id(stem).replace("_", "\\_").replace("%", "\\%")
+        for path in files:
+            rows, seconds = by_run[run_id(path.stem)]
+            curves[path.stem] = {"rows": rows, "seconds": seconds}
+            ended = START + timedelta(seconds=seconds + 60)
+            pattern = run_id(path.stem).replace("_", "\\_").replace("%", "\\%")
             write_duckdb(connection, table, OverrideRow(pattern, ended, finished=True, note="the excerpt ends"))
-    return curves, longest / 3600
+    return curves, max(c["seconds"] for c in curves.values()) / 3600
 
 
 def replay(database: Path, hours: float, flags: str) -> tuple[dict[str, Any], float]:
@@ -175,7 +152,7 @@ def _cell(figures: dict[str, Any]) -> list[str]:
     return [paged, minutes, str(figures["wrong"]), str(figures["false"]), reasons]
 
 
-def table(documents: dict[str, dict[str, Any]], curves: dict[str, dict[str, np.ndarray]], markdown: bool) -> str:
+def table(documents: dict[str, dict[str, Any]], curves: dict[str, dict[str, float]], markdown: bool) -> str:
     """Per file, each rule side by side; then the totals over the judgeable files."""
     labelled = {row["run"] for row in csv.DictReader(LABELS.open(encoding="utf-8"))}
     header = ["file", "hours"]
@@ -184,13 +161,13 @@ def table(documents: dict[str, dict[str, Any]], curves: dict[str, dict[str, np.n
     body, totals = [], {name: {"paged": 0, "must": 0, "wrong": 0, "false": 0} for name in documents}
     skipped = []
     for stem, curve in curves.items():
-        hours = f"{curve['seconds'][-1] / 3600:.1f}"
+        hours = f"{curve['seconds'] / 3600:.1f}"
         if run_id(stem) not in labelled:
             seen = []
             for name, doc in documents.items():
                 figures = per_file(doc, stem)
                 seen.append(f"{name} {figures['pages']} ({', '.join(figures['reasons']) or 'none'})")
-            skipped.append(f"{stem} ({len(curve['seconds'])} rows, {hours} h): not judgeable; pages: {'; '.join(seen)}")
+            skipped.append(f"{stem} ({curve['rows']} rows, {hours} h): not judgeable; pages: {'; '.join(seen)}")
             continue
         line = [stem, hours]
         for name, doc in documents.items():

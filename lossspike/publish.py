@@ -533,6 +533,30 @@ class DuckDBSink:
             connection.register("lossspike_publish_rows", data)
             connection.execute(f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_publish_rows")
 
+    def write_arrow(self, data: Any, memory_limit: str | None = None) -> int:
+        """Insert an Arrow table or RecordBatchReader whose columns are the table's own, in one
+        statement (one transaction: all of it or none); the number of rows inserted.
+
+        A reader is consumed as DuckDB scans it, so a load of any size is held a batch at a time;
+        `memory_limit` caps DuckDB's buffers too (it writes a large insert's row groups to the file).
+        """
+        import duckdb
+
+        names = ", ".join(f'"{name}"' for name in data.schema.names)
+        config = {"memory_limit": memory_limit} if memory_limit else {}
+        with duckdb.connect(self.path, config=config) as connection:
+            # A missing table is made in the sink's columns, and its creation commits with the rows
+            # (a failed insert leaves no empty table behind); an existing one is never altered.
+            connection.begin()
+            columns = ", ".join(f'"{name}" {kind}' for name, kind in DUCKDB_COLUMNS.items())
+            connection.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
+            connection.register("lossspike_arrow_rows", data)
+            inserted = connection.execute(
+                f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_arrow_rows"
+            ).fetchone()
+            connection.commit()
+        return int(inserted[0]) if inserted else 0
+
     def close(self) -> None:
         pass
 
@@ -609,6 +633,28 @@ class BigQueryWriteSink:
                 detail = response.error.message or response.row_errors[0].message
                 raise RuntimeError(f"BigQuery Storage Write refused {len(rows)} rows: {detail}")
             return
+        raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
+
+    def write_arrow(self, batch: Any) -> int:
+        """Append one Arrow record batch whose schema is the table's own columns (any subset, in
+        the table's types); raise as `write` does. The number of rows appended."""
+        from google.cloud.bigquery_storage_v1 import types
+
+        if not batch.num_rows:
+            return 0
+        request = types.AppendRowsRequest(
+            write_stream=self._stream,
+            arrow_rows=types.AppendRowsRequest.ArrowData(
+                writer_schema=types.ArrowSchema(serialized_schema=batch.schema.serialize().to_pybytes()),
+                rows=types.ArrowRecordBatch(serialized_record_batch=batch.serialize().to_pybytes()),
+            ),
+        )
+        metadata = (("x-goog-request-params", f"write_stream={self._stream}"),)
+        for response in self._client.append_rows(iter([request]), timeout=self._timeout_s, metadata=metadata):
+            if response.error.code or response.row_errors:
+                detail = response.error.message or response.row_errors[0].message
+                raise RuntimeError(f"BigQuery Storage Write refused {batch.num_rows} rows: {detail}")
+            return batch.num_rows
         raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
 
     def close(self) -> None:

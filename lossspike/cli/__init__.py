@@ -1,4 +1,4 @@
-"""The `lossspike` command line: evaluate, demo, sql, config, backtest, plot, silence, override(s).
+"""The `lossspike` command line: evaluate, demo, sql, config, backtest, load, plot, silence, override(s).
 
 Each command group's parsers and commands live in a module of their own (run, backtest, cost,
 overrides); this module wires them into one parser and turns errors into exit codes.
@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lossspike.cli import backtest, cost, overrides, run
+from lossspike.cli import backtest, cost, load, overrides, run
 from lossspike.cli.common import Parser, UsageError
 from lossspike.settings import ConfigError
 
@@ -21,13 +21,14 @@ def build_parser() -> argparse.ArgumentParser:
     # In this order: it is the order `lossspike --help` lists the commands in.
     run.add_parsers(commands)
     backtest.add_backtest_parser(commands)
+    load.add_parsers(commands)
     cost.add_parsers(commands)
     backtest.add_plot_parser(commands)
     overrides.add_parsers(commands)
     return parser
 
 
-_COMMANDS = {**run.COMMANDS, **backtest.COMMANDS, **overrides.COMMANDS, **cost.COMMANDS}
+_COMMANDS = {**run.COMMANDS, **backtest.COMMANDS, **load.COMMANDS, **overrides.COMMANDS, **cost.COMMANDS}
 
 
 def _backtest_error() -> type[Exception]:
@@ -36,6 +37,13 @@ def _backtest_error() -> type[Exception]:
     from lossspike.backtest import BacktestError
 
     return BacktestError
+
+
+def _load_error() -> type[Exception]:
+    """The load's error class, imported only while an error is being matched (it imports pyarrow)."""
+    from lossspike.load import LoadError
+
+    return LoadError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ConfigError as error:
         sys.stderr.write(f"lossspike: configuration error: {error}\n")
+        return 2
+    except _load_error() as error:
+        # Bad input to a load: the file and the fix, nothing written (lossspike.load).
+        sys.stderr.write(f"lossspike: error: {error}\n")
         return 2
     except (StoreError, _backtest_error()) as error:
         sys.stderr.write(f"lossspike: error: {error}\n")
