@@ -14,7 +14,9 @@ The training loop never waits on the sink: `log()` only appends to a bounded
 in-memory queue that a background thread drains in batches. When the sink is
 down or slow the queue fills, the oldest rows go, and the count goes to the
 `lossspike.publish` logger at most once a minute. Nothing the publisher or the
-sink does raises into the loop.
+sink does raises into the loop. Each value is checked as log() takes it, so one
+bad value costs only itself; a script that ends without finish() is flushed, within
+a bound, at interpreter exit (docs/publishing.md has what each fault costs).
 
 One module, over 600 lines, because it is what a training loop imports: the
 Publisher and the sinks it writes through (DuckDB, BigQuery's Storage Write API
@@ -500,7 +502,7 @@ class Publisher:
         if self._thread is None:
             self._drain_inline(deadline)
         else:
-            self._thread.join(max(0.0, deadline - time.monotonic()) + grace_s)
+            self._thread.join(max(0.0, deadline + grace_s - time.monotonic()))  # one bound for every publisher
         with self._lock:
             left = len(self._queue) + self._in_flight
             setattr(self.counts, cause, getattr(self.counts, cause) + left)

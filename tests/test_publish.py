@@ -531,7 +531,8 @@ def test_a_value_that_cannot_convert_costs_only_itself(real_sink: RealSink) -> N
     """#4: one unconvertible value, in one call, never takes its batch (other calls' rows) down."""
     publisher = Publisher(real_sink.sink, "hero-bad", flush_interval_s=0.01)
     publisher.log({"train/loss": 2.0}, step=1)
-    publisher.log({"train/loss": 2.1, "huge": HUGE, "grad/norm/total": 1.0}, step=2)
+    # A key that is not UTF-8 (a lone surrogate) is named as Levanter names it: the character becomes `_`.
+    publisher.log({"train/loss": 2.1, "huge": HUGE, "grad/norm/total": 1.0, "lr\udcff": 0.5}, step=2)
     publisher.log({"train/loss": 2.2}, step=STEP_PAST_INT64)
     publisher.log({"train/loss": 2.3}, step="7")  # type: ignore[arg-type]
     publisher.log({"train/loss": 2.4}, step=-(2**63) - 1)
@@ -541,6 +542,7 @@ def test_a_value_that_cannot_convert_costs_only_itself(real_sink: RealSink) -> N
     # The huge value is dropped; its call's other metrics are written; a step that fits no BIGINT
     # (nor INT64) is dropped, its row written with step NULL.
     assert sorted(got, key=lambda r: r[1]) == [
+        ("lr_", 0.5, 2),
         ("grad_norm_total", 1.0, 2),
         ("train_loss", 2.0, 1),
         ("train_loss", 2.1, 2),
