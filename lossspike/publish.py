@@ -464,12 +464,12 @@ class Publisher:
             return self._result
         try:
             return self._finish(timeout_s)
-        except Exception:  # noqa: BLE001 - finish() must never fail the job's exit
+        except Exception:  # noqa: BLE001 - finish() runs on the way out of a job: never fail it
             logger.exception("lossspike publisher: finish() failed")
             return False
 
     def _finish(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + max(0.0, timeout_s)
         _LIVE.discard(self)
         self._set_phase(TrainingPhase.FINISHED, force=True)
         self._finished = True
