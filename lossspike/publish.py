@@ -470,7 +470,6 @@ class Publisher:
 
     def _finish(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout_s)
-        _LIVE.discard(self)
         self._set_phase(TrainingPhase.FINISHED, force=True)
         self._finished = True
         self._stop_flusher(deadline, "dropped_at_finish")
@@ -480,8 +479,13 @@ class Publisher:
         return self._result
 
     def _exit(self, deadline: float) -> None:
-        """At interpreter exit without finish(): flush until `deadline`, no FINISHED row (the run did not finish)."""
+        """At interpreter exit without finish(): flush until `deadline`, no FINISHED row (the run did not finish).
+
+        After a finish() that gave up mid-write, only wait (within the grace) for that write to return.
+        """
         if self._finished:
+            if self._thread is not None:
+                self._thread.join(max(0.0, deadline + EXIT_WRITE_GRACE_SECONDS - time.monotonic()))
             return
         self._finished = True
         self._stop_flusher(deadline, "dropped_at_exit", grace_s=EXIT_WRITE_GRACE_SECONDS)
@@ -731,12 +735,13 @@ class Publisher:
         )
 
 
-# Publishers not yet finished, flushed at interpreter exit. Weak, so a dropped publisher is not kept alive.
+# Publishers flushed (or, finished, waited for) at interpreter exit. Weak, so a dropped publisher is not kept
+# alive; a flusher still writing keeps its publisher here through its thread.
 _LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
 
 
 def _flush_at_exit() -> None:
-    """Flush every unfinished publisher within EXIT_FLUSH_SECONDS in all, and stop its flusher.
+    """Flush every unfinished publisher within EXIT_FLUSH_SECONDS in all, and stop every flusher.
 
     Python stops daemon threads where they stand once atexit handlers have run; a
     flusher stopped inside DuckDB's C++ code aborts the process ("FATAL: exception

@@ -670,6 +670,8 @@ for step in range(STEPS):
     publisher.log({"train/loss": 2.0, "grad/norm/total": 1.0}, step=step)
 if sys.argv[2] == "raise":
     raise RuntimeError("the training script crashed")
+if sys.argv[2] == "finish-late":
+    publisher.finish(timeout_s=0.05)  # gives up while a batch is still being written
 sys.exit(3)
 """
 # Rows enough that the flusher is inside DuckDB when the script ends: before the atexit flush this
@@ -678,7 +680,7 @@ EXIT_STEPS = 20_000
 EXIT_RUNS = 5
 
 
-@pytest.mark.parametrize(("mode", "code"), [("exit", 3), ("raise", 1)])
+@pytest.mark.parametrize(("mode", "code"), [("exit", 3), ("raise", 1), ("finish-late", 3)])
 def test_a_script_that_ends_without_finish_exits_cleanly(tmp_path: Path, mode: str, code: int) -> None:
     """#10: no abort at exit while the DuckDB sink writes; the script's exit code stands; rows are flushed."""
     import os
@@ -699,7 +701,7 @@ def test_a_script_that_ends_without_finish_exits_cleanly(tmp_path: Path, mode: s
         assert "FATAL" not in done.stderr
         if mode == "raise":
             assert "RuntimeError: the training script crashed" in done.stderr
-        lost = re.search(r"(\d+) unflushed at exit", done.stderr)
+        lost = re.search(r"(\d+) unflushed at (exit|finish)", done.stderr)
         rows = [r for r in read_rows(path) if r["name"] != "phase"]
         assert len(rows) + (int(lost.group(1)) if lost else 0) >= 2 * EXIT_STEPS, done.stderr[-2000:]
 
