@@ -152,15 +152,16 @@ class LossspikeTrackerConfig(TrackerConfig):
             return NoopTracker()  # only process 0 publishes (marin PR #8678)
         try:
             sink = make_sink(self.sink, self.path, self.table, self.endpoint)
+            # An identity the sinks cannot store (not UTF-8) is refused here, in one line naming it.
+            publisher = Publisher(
+                sink,
+                run_id=self.run_id or run_id,
+                job_id=self.job_id,
+                execution_uid=self.execution_uid,
+                cluster=self.cluster,
+                process_index=process_index,
+            )
         except Exception as error:  # noqa: BLE001 - as Levanter's telemetry config: a sink that cannot start costs rows, not the run
             logger.error("lossspike tracker: cannot publish this run's metrics: %s: %s", type(error).__name__, error)
             return NoopTracker()
-        publisher = Publisher(
-            sink,
-            run_id=self.run_id or run_id,
-            job_id=self.job_id,
-            execution_uid=self.execution_uid,
-            cluster=self.cluster,
-            process_index=process_index,
-        )
         return LossspikeTracker(publisher, self.finish_timeout_s)

@@ -38,6 +38,8 @@ from commandline import lossspike
 from servers import bigquery as bqserver
 
 REPO = Path(__file__).resolve().parents[1]
+# Levanter's venv installs lossspike editable from one tree; the tests run the checkout they are in.
+CHECKOUT = str(REPO)
 SETUP = "bash tools/levanter/setup.sh"
 PROJECT = "lossspike-levanter"
 TABLE = f"{PROJECT}.obs.telemetry"
@@ -126,7 +128,7 @@ trainer:
 
 def _train(python: Path, config: Path, run_id: str, *overrides: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOSSSPIKE_", "VIRTUAL_ENV"))}
-    env |= OFFLINE_ENV | {"PYTHONPATH": "", "MARIN_PREFIX": str(config.parent / "marin")}
+    env |= OFFLINE_ENV | {"PYTHONPATH": CHECKOUT, "MARIN_PREFIX": str(config.parent / "marin")}
     result = subprocess.run(
         [str(python), str(REPO / "tests" / "levanter_run.py"), str(config), "--trainer.id", run_id, *overrides],
         capture_output=True,
@@ -230,3 +232,30 @@ def test_a_levanter_run_published_by_the_tracker_is_judged_by_evaluate(tmp_path:
     for run, row in verdicts.items():
         assert {reason: n for reason, n in by_run[run].items() if n} == {row["reason"]: 1}, run
     assert variant["summary"]["pages"] == 0
+
+
+IDENTITY_SCRIPT = """
+import logging, sys
+import lossspike.levanter_tracker as lossspike_tracker
+logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
+tracker = lossspike_tracker.LossspikeTrackerConfig(sink="duckdb", path=sys.argv[1]).init("hero-lev")
+print(type(tracker).__name__)
+"""
+
+
+def test_an_identity_that_is_not_utf8_costs_the_telemetry_not_the_run(tmp_path: Path) -> None:
+    """The publisher refuses it at start in one line naming the variable; the tracker logs it and is a no-op."""
+    python = levanter_python()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOSSSPIKE_", "VIRTUAL_ENV"))}
+    # A byte that is not UTF-8: os.environ hands it to the child as the raw byte 0xff.
+    env |= OFFLINE_ENV | {"PYTHONPATH": CHECKOUT, "LOSSSPIKE_CLUSTER": "us-\udcffeast5"}
+    database = tmp_path / "t.duckdb"
+    result = subprocess.run(
+        [str(python), "-c", IDENTITY_SCRIPT, str(database)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "NoopTracker"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("lossspike")]
+    assert len(errors) == 1 and "LOSSSPIKE_CLUSTER" in errors[0] and "UTF-8" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not database.exists()

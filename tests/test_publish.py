@@ -17,6 +17,7 @@ from commandline import lossspike
 from servers import bigquery as bqserver
 
 from lossspike.publish import (
+    DUCKDB_COLUMNS,
     MAX_METRICS_PER_LOG,
     MAX_NAME_CHARS,
     BigQueryInsertAllSink,
@@ -191,7 +192,7 @@ def test_a_full_queue_drops_the_oldest_rows_and_counts_them(caplog: pytest.LogCa
     with caplog.at_level(logging.WARNING, logger="lossspike.publish"):
         for step in range(30):
             publisher.log({"train/loss": float(step)}, step=step)
-        assert publisher.finish(timeout_s=5)
+        assert publisher.finish(timeout_s=5) is False  # rows that were queued did not go out
     # 1 INITIALIZING + 30 losses + 1 TRAINING + 1 FINISHED = 33 rows through a 10-row queue.
     assert publisher.counts.dropped_queue_full == 23
     assert [r.value for r in sink.rows if r.name == "train_loss"] == [float(s) for s in range(21, 30)]
@@ -471,3 +472,267 @@ def test_the_publishers_variables_do_not_trouble_the_evaluator(tmp_path: Path) -
         "evaluate", "--database", str(path), "--format", "json", "--no-write", env={"LOSSSPIKE_RUNID": "x"}
     )
     assert typo.returncode != 0 and "LOSSSPIKE_RUNID: unknown setting" in typo.stderr
+
+
+# -- faults: each costs only what it must, and every loss is counted once -----------------
+
+# The ways a value can fail to fit a column: a real number past float64, steps past BIGINT/INT64,
+# a step that is not an integer.
+HUGE = 10**400
+STEP_PAST_INT64 = 2**63
+
+
+class RealSink:
+    """A real sink (DuckDB file or the emulator's Storage Write API) and a way to read its rows back."""
+
+    def __init__(self, kind: str, tmp_path: Path, endpoint: str | None) -> None:
+        self.kind = kind
+        if kind == "duckdb":
+            self.path = tmp_path / "telemetry.duckdb"
+            self.sink = DuckDBSink(self.path)
+        else:
+            import uuid
+
+            self.client, self.table = _bq_table(endpoint, f"t_{uuid.uuid4().hex[:12]}")
+            self.sink = BigQueryWriteSink(self.table, client=bqserver.make_write_client(endpoint))
+
+    def rows(self) -> list[dict]:
+        if self.kind == "duckdb":
+            return read_rows(self.path) if self.path.exists() else []
+        return _read_back(self.client, self.table)
+
+
+@pytest.fixture(params=["duckdb", "storage_write"])
+def real_sink(request: pytest.FixtureRequest, tmp_path: Path) -> RealSink:
+    endpoint = request.getfixturevalue("bq_endpoint") if request.param == "storage_write" else None
+    return RealSink(request.param, tmp_path, endpoint)
+
+
+class Faulty:
+    """A real sink with one fault planted in front of it: the rows still go through the real writer."""
+
+    def __init__(self, inner, before_write=None, before_close=None) -> None:
+        self.inner, self.before_write, self.before_close = inner, before_write, before_close
+        self.writes = 0
+
+    def write(self, rows: Sequence[Row]) -> None:
+        self.writes += 1
+        if self.before_write:
+            self.before_write(self.writes)
+        self.inner.write(rows)
+
+    def close(self) -> None:
+        if self.before_close:
+            self.before_close()
+        self.inner.close()
+
+
+def test_a_value_that_cannot_convert_costs_only_itself(real_sink: RealSink) -> None:
+    """#4: one unconvertible value, in one call, never takes its batch (other calls' rows) down."""
+    publisher = Publisher(real_sink.sink, "hero-bad", flush_interval_s=0.01)
+    publisher.log({"train/loss": 2.0}, step=1)
+    # A key that is not UTF-8 (a lone surrogate) is named as Levanter names it: the character becomes `_`.
+    publisher.log({"train/loss": 2.1, "huge": HUGE, "grad/norm/total": 1.0, "lr\udcff": 0.5}, step=2)
+    publisher.log({"train/loss": 2.2}, step=STEP_PAST_INT64)
+    publisher.log({"train/loss": 2.3}, step="7")  # type: ignore[arg-type]
+    publisher.log({"train/loss": 2.4}, step=-(2**63) - 1)
+    publisher.log({"train/loss": 2.5}, step=6)
+    assert publisher.finish(timeout_s=30), publisher.counts
+    got = [(r["name"], r["value"], r["step"]) for r in real_sink.rows() if r["name"] != "phase"]
+    # The huge value is dropped; its call's other metrics are written; a step that fits no BIGINT
+    # (nor INT64) is dropped, its row written with step NULL.
+    assert sorted(got, key=lambda r: r[1]) == [
+        ("lr_", 0.5, 2),
+        ("grad_norm_total", 1.0, 2),
+        ("train_loss", 2.0, 1),
+        ("train_loss", 2.1, 2),
+        ("train_loss", 2.2, None),
+        ("train_loss", 2.3, None),
+        ("train_loss", 2.4, None),
+        ("train_loss", 2.5, 6),
+    ]
+    assert publisher.counts.dropped_out_of_range == 1
+    assert publisher.counts.steps_dropped == 3
+    assert publisher.counts.dropped() == 1
+
+
+def test_a_row_the_sink_refuses_costs_that_row_not_its_batch(tmp_path: Path) -> None:
+    """#4: a row-level refusal (here a table constraint) loses that row; the batch's others are written."""
+    path = tmp_path / "t.duckdb"
+    with duckdb.connect(str(path)) as connection:
+        columns = ", ".join(f'"{name}" {kind}' for name, kind in DUCKDB_COLUMNS.items())
+        connection.execute(f"CREATE TABLE telemetry ({columns}, CHECK (value <> 13))")
+    publisher = Publisher(DuckDBSink(path), "hero-check", start_thread=False)
+    for step in range(100):
+        publisher.log({"train/loss": float(step)}, step=step)
+    assert publisher.finish(timeout_s=30) is False  # a queued row did not go out
+    values = [r["value"] for r in read_rows(path) if r["name"] == "train_loss"]
+    assert sorted(values) == [float(s) for s in range(100) if s != 13]
+    assert publisher.counts.dropped_refused == 1 and publisher.counts.dropped() == 1
+
+
+class Explodes(dict):
+    """A mapping that fails while it is read: a caller's bug inside log()."""
+
+    def items(self):  # type: ignore[override]
+        yield from list(super().items())[:2]
+        raise RuntimeError("the metrics mapping broke")
+
+
+class BadFloat(float):
+    def __float__(self) -> float:
+        raise ZeroDivisionError("no float here")
+
+
+def test_a_log_that_fails_inside_is_counted(tmp_path: Path) -> None:
+    """#5: a log() that fails costs its call, and the call's metrics are counted."""
+    publisher = Publisher(DuckDBSink(tmp_path / "t.duckdb"), "hero-broken", start_thread=False)
+    publisher.log(Explodes({"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}), step=1)
+    # One value that raises converting is that value's loss, not its call's.
+    publisher.log({"train/loss": 2.0, "odd": BadFloat(1.0)}, step=2)
+    assert publisher.counts.dropped_log_failed == 4
+    assert publisher.counts.dropped_not_numeric == 1
+    assert publisher.finish(timeout_s=30)
+    assert [(r["name"], r["step"]) for r in read_rows(tmp_path / "t.duckdb") if r["name"] != "phase"] == [
+        ("train_loss", 2)
+    ]
+
+
+def test_finish_is_false_when_the_sink_refused_every_batch(bq_endpoint: str, tmp_path: Path) -> None:
+    """#6: True only when everything queued went out."""
+    missing = BigQueryWriteSink(f"{BQ_PROJECT}.obs.missing", client=bqserver.make_write_client(bq_endpoint))
+    unopenable = DuckDBSink(tmp_path)  # a directory: every connect fails
+    for sink in (missing, unopenable):
+        publisher = Publisher(sink, "hero-refused", flush_interval_s=0.01)
+        publisher.log({"train/loss": 2.5}, step=1)
+        assert publisher.finish(timeout_s=10) is False, publisher.counts
+        assert publisher.counts.written == 0 and publisher.counts.dropped_sink_error == 4
+        assert publisher.finish(timeout_s=10) is False  # asked again, the same answer
+
+
+def test_finish_keeps_its_deadline_when_close_hangs(real_sink: RealSink) -> None:
+    """#7: finish(timeout_s) returns within its timeout plus a little, whatever close() does."""
+    release = threading.Event()
+    publisher = Publisher(Faulty(real_sink.sink, before_close=lambda: release.wait(60)), "hero-close")
+    publisher.log({"train/loss": 2.5}, step=1)
+    result: list[bool] = []
+    started = time.monotonic()
+    waiter = threading.Thread(target=lambda: result.append(publisher.finish(timeout_s=2)), daemon=True)
+    waiter.start()
+    waiter.join(15)
+    spent = time.monotonic() - started
+    release.set()
+    assert not waiter.is_alive(), "finish() is still waiting on close()"
+    assert spent < 2 + 1.5
+    assert result == [True]  # every row went out before close() was called
+    assert len(real_sink.rows()) == 4  # INITIALIZING, the loss, TRAINING, FINISHED
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_the_flusher_survives_a_sink_raising_any_exception_class(
+    real_sink: RealSink, error: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    """#8: a sink raising KeyboardInterrupt or SystemExit costs a retry, not the rest of the run."""
+
+    def twice(call: int) -> None:
+        if call <= 2:  # the first batch's first two attempts; the third is written
+            raise error("from inside the sink")
+
+    with caplog.at_level(logging.WARNING, logger="lossspike.publish"):
+        publisher = Publisher(Faulty(real_sink.sink, before_write=twice), "hero-base", flush_interval_s=0.01)
+        publisher.log({"train/loss": 2.0}, step=1)
+        time.sleep(0.5)
+        for step in range(2, 6):
+            publisher.log({"train/loss": 2.0}, step=step)
+        assert publisher.finish(timeout_s=30), publisher.counts
+    assert len([r for r in real_sink.rows() if r["name"] == "train_loss"]) == 5
+    said = [r.getMessage() for r in caplog.records if "not an Exception" in r.getMessage()]
+    assert len(said) == 1 and error.__name__ in said[0], said
+
+
+def test_a_batch_in_flight_at_the_deadline_is_counted_once(real_sink: RealSink) -> None:
+    """#9: a 1 s-per-batch sink: the batch being written when finish() gives up is counted once."""
+    publisher = Publisher(Faulty(real_sink.sink, before_write=lambda call: time.sleep(1.0)), "hero-slow", batch_rows=10)
+    for step in range(50):
+        publisher.log({"train/loss": 2.0}, step=step)
+    assert publisher.finish(timeout_s=1.5) is False
+    time.sleep(2.5)  # the write in flight at the deadline has returned by now
+    counts = publisher.counts
+    assert counts.written + counts.dropped() == 53, counts
+    assert counts.dropped_at_finish > 0
+
+
+EXIT_SCRIPT = """
+import sys
+from lossspike.publish import DuckDBSink, Publisher
+publisher = Publisher(DuckDBSink(sys.argv[1]), "hero-exit")
+for step in range(STEPS):
+    publisher.log({"train/loss": 2.0, "grad/norm/total": 1.0}, step=step)
+if sys.argv[2] == "raise":
+    raise RuntimeError("the training script crashed")
+if sys.argv[2] == "finish-late":
+    publisher.finish(timeout_s=0.05)  # gives up while a batch is still being written
+sys.exit(3)
+"""
+# Rows enough that the flusher is inside DuckDB when the script ends: before the atexit flush this
+# aborted the process (SIGABRT, "FATAL: exception not rethrown") in 5 runs of 8.
+EXIT_STEPS = 20_000
+EXIT_RUNS = 5
+
+
+@pytest.mark.parametrize(("mode", "code"), [("exit", 3), ("raise", 1), ("finish-late", 3)])
+def test_a_script_that_ends_without_finish_exits_cleanly(tmp_path: Path, mode: str, code: int) -> None:
+    """#10: no abort at exit while the DuckDB sink writes; the script's exit code stands; rows are flushed."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(EXIT_SCRIPT.replace("STEPS", str(EXIT_STEPS)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    for run in range(EXIT_RUNS):
+        path = tmp_path / f"run{run}.duckdb"
+        done = subprocess.run(
+            [sys.executable, str(script), str(path), mode], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.returncode == code, (run, done.returncode, done.stderr[-2000:])
+        assert "FATAL" not in done.stderr
+        if mode == "raise":
+            assert "RuntimeError: the training script crashed" in done.stderr
+        lost = re.search(r"(\d+) unflushed at (exit|finish)", done.stderr)
+        rows = [r for r in read_rows(path) if r["name"] != "phase"]
+        assert len(rows) + (int(lost.group(1)) if lost else 0) >= 2 * EXIT_STEPS, done.stderr[-2000:]
+
+
+def test_an_identity_that_is_not_utf8_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """#11: refused at start, in one line naming the variable, as LOSSSPIKE_PROCESS_INDEX is."""
+    path = tmp_path / "t.duckdb"
+    # A byte that is not UTF-8 reaches Python as a lone surrogate (os.environ's surrogateescape).
+    monkeypatch.setenv("LOSSSPIKE_RUN_ID", "hero-\udcff")
+    with pytest.raises(ValueError, match="LOSSSPIKE_RUN_ID") as refused:
+        Publisher(DuckDBSink(path))
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv("LOSSSPIKE_RUN_ID", "hero-ok")
+    monkeypatch.setenv("LOSSSPIKE_CLUSTER", "us-\udc80east5")
+    with pytest.raises(ValueError, match="LOSSSPIKE_CLUSTER"):
+        Publisher(DuckDBSink(path))
+    with pytest.raises(ValueError, match="job_id"):
+        Publisher(DuckDBSink(path), job_id="job-\ud800", cluster="c1")
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("key", ["train_loss", "train/loss", "Train/Loss"])
+def test_the_loss_by_any_spelling_marks_training(tmp_path: Path, key: str) -> None:
+    """#12: TRAINING on the first loss step by its normalised name, whatever spelling came in."""
+    path = tmp_path / "t.duckdb"
+    publisher = Publisher(DuckDBSink(path), "hero-name", start_thread=False)
+    publisher.log({"grad/norm/total": 1.0}, step=1)
+    publisher.log({key: 2.0}, step=2)
+    assert publisher.finish(timeout_s=30)
+    assert [(r["value"], r["step"]) for r in read_rows(path) if r["name"] == "phase"] == [
+        (0.0, None),
+        (1.0, 2),
+        (2.0, 2),
+    ]
