@@ -175,23 +175,29 @@ def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     start = (minutes - width)[..., None]
     base = data & (idx < start)
     fit = base & (idx >= start - FIT_MINUTES)
-    middle = start - FIT_MINUTES / 2
-    halves = [fit & (idx < middle), fit & (idx >= middle)]
+    # The halves split the fit's minutes with data by rank, not by clock: a pause leaves each
+    # half its share of minutes, so a half is never one minute (an easy batch after an eval).
+    count = fit.sum(axis=-1)
+    rank = np.cumsum(fit, axis=-1)
+    sloped = count >= 2 * MIN_HALF_MINUTES
+    older = fit & sloped[..., None] & (rank <= (count // 2)[..., None])
+    # Too few minutes for two halves: one level, the median of them all.
+    halves = [older, fit & ~older]
     # The halves lie in the FIT_MINUTES before the earliest recent window: sort those minutes only.
     first = max(int(np.min(start, initial=minutes)) - FIT_MINUTES, 0)
     fits = slice(first, max(int(np.max(start, initial=0)), first))
     levels = [median(np.where(h[..., fits], floors[..., fits], np.nan)) for h in halves]
     times = [median(np.where(h[..., fits], idx[fits], np.nan)) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
-    # A half without minutes counts one: its median is NaN anyway and the slope unused.
+    # A level is a median of MIN_HALF_MINUTES minutes or more, which one minute cannot move far.
+    levels[1] = np.where(count >= MIN_HALF_MINUTES, levels[1], np.nan)
     counts = [np.maximum(h.sum(axis=-1), 1) for h in halves]
     # Only a falling trend is extrapolated (a rising one is what the detectors look for), and
     # only one the halves' medians show beyond their noise: a slope guessed from a few noisy
     # minutes of a slow run would extrapolate into a false page.
     fall = levels[0] - levels[1]
     doubt = TREND_SIGMAS * _MEDIAN_NOISE * noise * np.sqrt(1.0 / counts[0] + 1.0 / counts[1])
-    enough = (halves[0].sum(axis=-1) >= MIN_HALF_MINUTES) & (halves[1].sum(axis=-1) >= MIN_HALF_MINUTES)
-    clear = enough & (_quiet(np.greater, fall, doubt))
+    clear = sloped & (_quiet(np.greater, fall, doubt))
     slope = np.where(clear, np.nan_to_num(_quiet(np.divide, -fall, times[1] - times[0])), 0.0)
     trend = levels[1][..., None] + slope[..., None] * (idx - times[1][..., None])
     return ShiftBaseline(trend, noise)

@@ -34,8 +34,8 @@ FLIP_REL = 1e-9
 
 # The detectors' constants, from docs/rule-and-detectors.md / lossspike.detectors' docstring.
 LEVEL_MINUTES = 10  # slow divergence's current level: median minute mean of the last ten minutes
-FIT_MINUTES = 20  # level_shift's trend: two ten-minute halves before the recent window
-MIN_HALF_MINUTES = 3  # each half holds three minutes with data for a slope
+FIT_MINUTES = 20  # level_shift's trend: the minutes before the recent window, in two halves by rank
+MIN_HALF_MINUTES = 3  # a level is a median of three minutes or more; each half of a slope too
 TREND_SIGMAS = 3.0  # a slope counts beyond three standard errors of the halves' medians
 MEDIAN_NOISE = 1.2533  # a median's standard error over a mean's, sqrt(pi / 2)
 JUMP_MINUTES = 5  # the step into a shift lies in the window or the five minutes before it
@@ -216,9 +216,11 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
     """Every recent minute's floor above the baseline's trend by more than max(min_rise, sigma x
     the robust spread of consecutive baseline floors), with a step of half that leading in.
 
-    The trend: medians of two ten-minute halves of the twenty minutes before the window (floor,
-    minute), its slope used only when it falls by more than three standard errors of a median
-    (each half holding three minutes or more), else flat at the second half's median.
+    The trend: the minutes with data of the twenty before the window, split by rank into an
+    older and a newer half (the newer one the larger), medians of each (floor, minute); its slope
+    used only when it falls by more than three standard errors of a median (six minutes or more,
+    so each half holds three), else flat at the newer half's median; with fewer than six, flat
+    at the median of them all; with fewer than three, no level.
     """
     hour = len(grid)
     cut = hour - width
@@ -229,14 +231,14 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
         return Decision(False)
     steps = [abs(floor[b] - floor[a]) for a, b in zip(base, base[1:], strict=False)]
     spread = MAD_TO_SIGMA * _median(steps) / math.sqrt(2.0) if steps else 0.0
-    middle = cut - FIT_MINUTES / 2
-    first = [i for i in base if cut - FIT_MINUTES <= i < middle]
-    second = [i for i in base if middle <= i]
-    if not second:
+    fit = [i for i in base if cut - FIT_MINUTES <= i]
+    if len(fit) < MIN_HALF_MINUTES:
         return Decision(False)
+    halves = len(fit) >= 2 * MIN_HALF_MINUTES
+    first, second = (fit[: len(fit) // 2], fit[len(fit) // 2 :]) if halves else ([], fit)
     y2, x2 = _median([floor[i] for i in second]), _median(second)
     slope = 0.0
-    if len(first) >= MIN_HALF_MINUTES and len(second) >= MIN_HALF_MINUTES:
+    if halves:
         y1, x1 = _median([floor[i] for i in first]), _median(first)
         doubt = TREND_SIGMAS * MEDIAN_NOISE * spread * math.sqrt(1 / len(first) + 1 / len(second))
         if y1 - y2 > doubt:
