@@ -49,7 +49,7 @@ BLOCK_MINUTES = 10  # slow divergence's blocks
 MIN_BLOCK_SAMPLES = 3  # a block with fewer finite losses is no level
 MIN_BLOCKS = 3  # the horizon needs three blocks
 MAD_TO_SIGMA = 1.4826
-OWN_SPIKY_SHARE = 0.25  # a spike train is new when at most a quarter of the run's own blocks spiked
+NEW_TRAIN_CHANCE = 0.002  # a spike train is new when one rate over history and window gives it that chance
 RESUME_LEVEL_MINUTES = 5  # a new attempt's level: the median floor of its first five minutes with data
 RESUME_PREVIOUS_MINUTES = 5  # the previous attempt held a level: five minutes with data in the hour
 DETECTORS = ("level_shift", "slow_divergence", "instability", "resume_jump")
@@ -322,7 +322,10 @@ def instability(
     minutes before it (five with data at least) by max(min_rise, sigma x their spread: the
     median within-minute standard deviation, or where no minute has two losses, 1.4826 x the
     median absolute deviation of their means from that median). It pages only a train new for
-    the run: three or more own blocks before the hour, at most a quarter of them spiky.
+    the run: three or more own blocks before the hour, so few of them spiky that, given the
+    episodes and spiky blocks in all, the window (the hour after its first ten minutes) would
+    hold its episodes or more with a chance of at most NEW_TRAIN_CHANCE at its share of the
+    minutes (one Poisson rate over both).
 
     `own_minute` shifts the reference to the ten minutes ending with the judged one: not SPEC,
     the planted bug the property tests must reach (see `own_minute_matters`)."""
@@ -350,7 +353,12 @@ def instability(
             previous = marked[j]
     count = float(t.instability_count)
     blocks, spiky, own_edge = _own_blocks(grid, history, horizon, t, scale)
-    new = blocks >= MIN_BLOCKS and spiky <= OWN_SPIKY_SHARE * blocks
+    window = len(grid) - REFERENCE_MINUTES
+    share = window / (window + BLOCK_MINUTES * blocks)
+    total = episodes + spiky
+    chance = math.fsum(math.comb(total, k) * share**k * (1 - share) ** (total - k) for k in range(episodes, total + 1))
+    new = blocks >= MIN_BLOCKS and chance <= NEW_TRAIN_CHANCE
+    own_edge |= math.isclose(chance, NEW_TRAIN_CHANCE, rel_tol=1e-6)
     return Decision(episodes >= count and new, float(episodes), count, edge or (episodes >= count and own_edge))
 
 

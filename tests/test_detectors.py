@@ -51,11 +51,11 @@ def reported(rows: list[dict]) -> None:
 # Spike trains whose verdict the judged minute would change if instability's reference window took
 # it in (tests/detector_oracle.py's own_minute_matters finds them; random spike-train plans of two
 # hours or more, which give instability the run's own blocks before the hour, land there about one
-# time in 40): drawn as explicit examples every run, and now and then by fleets() too.
+# time in 100): drawn as explicit examples every run, and now and then by fleets() too.
 REFERENCE_EDGE = [
-    Plan("hero-a", "spike_train", 10.0, 130, 2438517928, 0.5, 48, 4, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 30.0, 143, 3882726895, 0.5, 23, 6, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 30.0, 195, 2395092501, 0.5, 25, 4, attempts=("b", "a"), noise=0.08),
+    Plan("hero-a", "spike_train", 10.0, 200, 2720318488, 0.5, 39, 3, attempts=("e1", "e2"), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 130, 3843839804, 1.0, 26, 3, attempts=("x", None), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 130, 142456398, 0.5, 36, 4, attempts=(None, "x"), noise=0.08),
 ]
 
 
@@ -267,16 +267,30 @@ def test_the_seed_setting_gives_the_seed_rule_rows_on_a_shift():
     assert all(r["observed"] is None and r["threshold"] is None and r["metric"] is None for r in rows)
 
 
-def test_a_spike_train_pages_instability():
-    samples = falling_run(minutes=120, noise=0.005)
+def spiked(minutes: int) -> list[Sample]:
+    """A calm falling run of `minutes` whose steps jump 2 nats once every 8 minutes of the last 50."""
+    samples = falling_run(minutes=minutes, noise=0.005)
     for k, s in enumerate(samples):
         age = (NOW - s.timestamp) / MINUTE
         if age < 50 and int(age) % 8 == 0 and (NOW - s.timestamp).seconds % 60 < 10:
             samples[k] = Sample(s.timestamp, s.value + 2.0, "hero-a")
+    return samples
+
+
+def test_a_spike_train_pages_instability():
+    """Six episodes in the window after a horizon of twelve calm blocks page (one rate over both
+    would give them once in 1,500); after an hour of six blocks, one of them spiky (the run's fast
+    early fall), one rate gives them once in 26: a short history refutes only a denser train
+    (docs/rule-and-detectors.md)."""
+    samples = spiked(240)
     rows = rows_for(samples, Settings())
     row = loss_row(rows)
     assert row["reason"] == "instability" and row["observed"] >= row["threshold"] == 4
     assert_matches(rows, expect(samples, NOW, Config()))
+    short = spiked(120)
+    rows = rows_for(short, Settings())
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(short, NOW, Config()))
 
 
 def test_a_slow_divergence_pages_before_the_seed_rule():
@@ -342,13 +356,14 @@ def test_oracle_catches_a_wrong_threshold():
 
 def excursions_across_the_tenth_minute() -> list[Sample]:
     """A flat run with three two-or-one-minute excursions of +2 nats; the first spans minutes
-    49-51 before now, so it straddles the hour's tenth minute (the first with a full reference)."""
+    49-51 before now, so it straddles the hour's tenth minute (the first with a full reference).
+    Ten calm hours before them: three episodes are new for a run only against a long history."""
     import random
 
     rng = random.Random(3)
     samples = []
-    for k in range(120 * 6):
-        moment = NOW - 120 * MINUTE + timedelta(seconds=10 * k + 3)
+    for k in range(HISTORY_MINUTES * 6):
+        moment = NOW - HISTORY_MINUTES * MINUTE + timedelta(seconds=10 * k + 3)
         age = (NOW - moment) / MINUTE
         value = 2.0 + rng.gauss(0, 0.005)
         if 49 < age <= 51 or 29 < age <= 30 or 14 < age <= 15:
@@ -357,8 +372,10 @@ def excursions_across_the_tenth_minute() -> list[Sample]:
     return samples
 
 
-# Three separate excursions page when the count asks for three (the default asks four).
-THREE = Settings(thresholds=Thresholds(instability_count=3))
+# Three separate excursions page when the count asks for three (the default asks four), on a run
+# whose horizon of 54 calm blocks makes three episodes new (one rate over both: 0.0006).
+HISTORY_MINUTES = 600
+THREE = Settings(thresholds=Thresholds(instability_count=3, divergence_minutes=HISTORY_MINUTES))
 
 
 def test_three_excursions_in_the_hour_page_instability():
