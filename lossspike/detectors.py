@@ -68,7 +68,8 @@ FIT_MINUTES = 20
 TREND_SIGMAS = 3.0
 # ...a median's standard error being about 1.25 times a mean's (sqrt(pi / 2))...
 _MEDIAN_NOISE = 1.2533
-# ...and each half holds at least this many minutes with data.
+# ...and each half holds at least this many minutes with data after it drops the one minute
+# that would tilt the line down: a median of three outvotes one more outlier minute.
 MIN_HALF_MINUTES = 3
 # The step that starts a shift lies in the recent window or these few minutes before it.
 JUMP_MINUTES = 5
@@ -173,6 +174,15 @@ class ShiftBaseline(NamedTuple):
     noise: np.ndarray
 
 
+def _extreme(mask: np.ndarray, values: np.ndarray, highest: bool) -> np.ndarray:
+    """Per row, the masked position of the highest (or lowest) value, the oldest among equals;
+    nothing where the mask is empty."""
+    filled = np.where(mask, values if highest else -values, -np.inf)
+    out = np.zeros(mask.shape, dtype=bool)
+    np.put_along_axis(out, np.argmax(filled, axis=-1)[..., None], True, axis=-1)
+    return out & mask
+
+
 def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     """level_shift's trend-aware baseline for a recent window of `width` minutes (see the module's
     doc); the limit a floor must clear over it is max(shift_min_rise, shift_sigma x noise)."""
@@ -187,19 +197,23 @@ def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     # half its share of minutes, so a half is never one minute (an easy batch after an eval).
     count = fit.sum(axis=-1)
     rank = np.cumsum(fit, axis=-1)
-    sloped = count >= 2 * MIN_HALF_MINUTES
+    sloped = count >= 2 * (MIN_HALF_MINUTES + 1)
     older = fit & sloped[..., None] & (rank <= (count // 2)[..., None])
-    # Too few minutes for two halves: one level, the median of them all.
-    halves = [older, fit & ~older]
+    # Too few minutes for two halves: one level, of them all. Each half drops the one minute
+    # that would tilt the trend down (the older half its highest, the newer its lowest), so no
+    # single minute, an easy batch however low, can lower the line: it can only flatten it.
+    halves = [older & ~_extreme(older, floors, highest=True), fit & ~older]
+    halves[1] &= ~_extreme(halves[1], floors, highest=False)
     # The halves lie in the FIT_MINUTES before the earliest recent window: sort those minutes only.
     first = max(int(np.min(start, initial=minutes)) - FIT_MINUTES, 0)
     fits = slice(first, max(int(np.max(start, initial=0)), first))
     levels = [median(np.where(h[..., fits], floors[..., fits], np.nan)) for h in halves]
     times = [median(np.where(h[..., fits], idx[fits], np.nan)) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
-    # A level is a median of MIN_HALF_MINUTES minutes or more, which one minute cannot move far.
-    levels[1] = np.where(count >= MIN_HALF_MINUTES, levels[1], np.nan)
-    counts = [np.maximum(h.sum(axis=-1), 1) for h in halves]
+    # A level is a median of MIN_HALF_MINUTES minutes or more, which one more cannot move far.
+    counts = [h.sum(axis=-1) for h in halves]
+    levels[1] = np.where(counts[1] >= MIN_HALF_MINUTES, levels[1], np.nan)
+    counts = [np.maximum(c, 1) for c in counts]
     # Only a falling trend is extrapolated (a rising one is what the detectors look for), and
     # only one the halves' medians show beyond their noise: a slope guessed from a few noisy
     # minutes of a slow run would extrapolate into a false page.

@@ -35,7 +35,7 @@ FLIP_REL = 1e-9
 # The detectors' constants, from docs/rule-and-detectors.md / lossspike.detectors' docstring.
 LEVEL_MINUTES = 10  # slow divergence's current level: median minute mean of the last ten minutes
 FIT_MINUTES = 20  # level_shift's trend: the minutes before the recent window, in two halves by rank
-MIN_HALF_MINUTES = 3  # a level is a median of three minutes or more; each half of a slope too
+MIN_HALF_MINUTES = 3  # a level: a median of three minutes, once the one tilting it down is dropped
 TREND_SIGMAS = 3.0  # a slope counts beyond three standard errors of the halves' medians
 MEDIAN_NOISE = 1.2533  # a median's standard error over a mean's, sqrt(pi / 2)
 JUMP_MINUTES = 5  # the step into a shift lies in the window or the five minutes before it
@@ -217,10 +217,11 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
     the robust spread of consecutive baseline floors), with a step of half that leading in.
 
     The trend: the minutes with data of the twenty before the window, split by rank into an
-    older and a newer half (the newer one the larger), medians of each (floor, minute); its slope
-    used only when it falls by more than three standard errors of a median (six minutes or more,
-    so each half holds three), else flat at the newer half's median; with fewer than six, flat
-    at the median of them all; with fewer than three, no level.
+    older and a newer half (the newer one the larger), the older without its highest minute and
+    the newer without its lowest, medians of each (floor, minute); its slope used only when it
+    falls by more than three standard errors of a median (eight minutes or more, so each half
+    keeps three), else flat at the newer half's median; with fewer than eight, flat at the median
+    of them all but the lowest; with fewer than four, no level.
     """
     hour = len(grid)
     cut = hour - width
@@ -232,10 +233,15 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
     steps = [abs(floor[b] - floor[a]) for a, b in zip(base, base[1:], strict=False)]
     spread = MAD_TO_SIGMA * _median(steps) / math.sqrt(2.0) if steps else 0.0
     fit = [i for i in base if cut - FIT_MINUTES <= i]
-    if len(fit) < MIN_HALF_MINUTES:
+    if len(fit) < MIN_HALF_MINUTES + 1:
         return Decision(False)
-    halves = len(fit) >= 2 * MIN_HALF_MINUTES
+    halves = len(fit) >= 2 * (MIN_HALF_MINUTES + 1)
     first, second = (fit[: len(fit) // 2], fit[len(fit) // 2 :]) if halves else ([], fit)
+    # The one minute that would tilt the line down leaves each half: the older's highest, the
+    # newer's lowest (the oldest among equals).
+    if first:
+        first.remove(max(first, key=lambda i: (floor[i], -i)))
+    second.remove(min(second, key=lambda i: (floor[i], i)))
     y2, x2 = _median([floor[i] for i in second]), _median(second)
     slope = 0.0
     if halves:
