@@ -130,6 +130,15 @@ Must not page (each label's window must stay quiet; deadline = that window):
   before each of its roughly 20 spikes, arXiv:2204.02311 section 5.1; OPT-175B had 35
   manual and 70+ automatic restarts in two months). 60 min from the restart.
 - `eval_pause`: an 8-12 minute eval pause. The pause plus 60 min.
+- `easy_batch_gap`: an 8-12 minute eval pause, or a restart after a 3-12 minute
+  gap from a checkpoint 5 minutes back (a new execution UID), whose first step
+  is one easy batch 0.4 nats below the level, in a late run that is flat or
+  falls 0.25 nats/h (a learning-rate decay's steady fall), a quarter of each.
+  One lucky step lowers one minute's floor, the lower tail the noise model
+  otherwise leaves thin; next to a gap it is the newest minute a trend reads
+  (a false page the planner met: the first minute after a 12-minute eval
+  held a floor 0.4 below, and the trend through it read the next minutes as
+  0.3 above). The gap plus 60 min.
 """
 
 from __future__ import annotations
@@ -180,6 +189,9 @@ UPPER_TAIL_SCALE = 1.5
 # Clean runs' single-step outliers: about one per this many seconds, 0.1-1 nat high.
 OUTLIER_EVERY = 6 * 3600
 LABEL_FIELDS = ("run", "kind", "start", "should_page", "deadline_minutes", "cluster", "end", "size", "note")
+# easy_batch_gap: the easy batch's depth below the level, and the falling runs' steady fall (nats/h).
+EASY_BATCH = 0.4
+EASY_FALL = 0.25
 # Kinds the overall must-page figure leaves out: they look like real shifts, and are silenced ahead of time.
 SCHEDULED_KINDS = ("stage_boundary", "lr_rewarm")
 
@@ -352,6 +364,17 @@ def plan(seed: int, clean_runs: int = 110, reps: float = 1.0, kinds: Collection[
         incident = Incident("grad_norm_sustained", at(1.5, 3), True, 10)
         incident.params["length"] = rng.uniform(6, 10) * 60
         add(incident, late_age(), fresh=rng.random() < 0.3)
+    for i in range(n(12)):
+        incident = Incident("easy_batch_gap", at(1.5, 3), False, 60, EASY_BATCH)
+        incident.params["falling"] = i % 2 == 0
+        incident.params["restart"] = i % 4 >= 2
+        if incident.params["restart"]:
+            incident.window = 3600
+            incident.params["gap"] = rng.uniform(3, 12) * 60
+            incident.params["rewind"] = 5 * 60
+        else:
+            incident.params["pause"] = rng.uniform(8, 12) * 60
+        add(incident, late_age(), fresh=False)
     return plans
 
 
@@ -433,7 +456,8 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
             pause_total[k] += min(rng.uniform(2, 12) * 60, longest)
             eval_times.append(k)
         clock += rng.uniform(1, 3) * 3600
-    if incident is not None and incident.kind == "eval_pause":
+    pausing = incident is not None and "pause" in incident.params
+    if pausing:
         k = int(np.searchsorted(times + pause_total.cumsum(), incident.at))
         pause_total[k] += min(incident.params["pause"], 14 * 60 - 1.2 * plan.step_seconds)
         eval_times.append(k)
@@ -445,10 +469,11 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
     def first_at(moment: float) -> int:
         return int(np.searchsorted(times, moment))
 
-    if incident is not None and incident.kind == "restart":
-        # The crash at incident.at; a new attempt resumes from the step of 2 h before.
+    restarting = incident is not None and (incident.kind == "restart" or incident.params.get("restart", False))
+    if restarting:
+        # The crash at incident.at; a new attempt resumes from the step of 2 h (or `rewind`) before.
         crash = first_at(incident.at)
-        resume = first_at(incident.at - 2 * 3600)
+        resume = first_at(incident.at - incident.params.get("rewind", 2 * 3600))
         again = count - crash
         new_times = _step_times(rng, plan, times[crash - 1] + incident.params["gap"], again)
         times = np.concatenate((times[:crash], new_times))
@@ -469,6 +494,9 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
         offset[hits] += np.exp(rng.uniform(math.log(0.1), math.log(1.0), int(hits.sum())))
     else:
         label_start, label_end = _apply(incident, rng, times, offset, label_start)
+        if incident.params.get("falling", False):
+            # By step, so a restart's rewind rewinds the fall too.
+            offset -= EASY_FALL * (steps - steps[0]) * plan.step_seconds / 3600
     loss = curve + noise + offset
     if incident is not None and incident.kind in ("blowup", "nan_onset"):
         loss[np.isnan(offset)] = np.nan
@@ -478,7 +506,7 @@ def simulate(plan: Plan, seed: int, index: int) -> Series:
         held = (times >= incident.at) & (times < incident.at + incident.params["length"])
         grad[held] = rng.uniform(2.5, 4.0) * np.exp(0.1 * rng.standard_normal(int(held.sum())))
     skipped = _skip_flags(loss).astype(np.float64)
-    if incident is not None and incident.kind == "restart":
+    if restarting:
         # Skip-step's rolling losses are optimizer state (SkipStepState, saved with the
         # checkpoint): the new attempt judges its steps against the checkpoint's history,
         # not against the crashed attempt's last, lower, losses.
@@ -547,6 +575,8 @@ def _apply(
         offset[first] += size
     elif kind == "burst":
         offset[after & (since < incident.params["length"])] += size
+    elif kind == "easy_batch_gap":
+        offset[first] -= size
     elif kind in ("flattening", "decay"):
         length = incident.params["length"]
         # The decay's fall accelerates towards its end, as a linear learning-rate decay's does.
@@ -555,7 +585,7 @@ def _apply(
         offset -= size * u**2
     if start is None:
         start = float(times[min(first, len(times) - 1)])
-    if kind == "eval_pause":
+    if "pause" in incident.params:
         # Labelled at the last sample before the pause, to 60 min after the run resumes.
         start = float(times[max(first - 1, 0)])
         return start, float(times[first]) + 3600
@@ -611,7 +641,7 @@ def generate(
         assert series.label_start is not None
         end = series.label_end if series.label_end is not None else float(RANGE_SECONDS)
         deadline = incident.deadline_minutes
-        if incident.kind == "eval_pause":
+        if "pause" in incident.params:
             deadline = round((end - series.label_start) / 60, 3)
         labels.append(
             {

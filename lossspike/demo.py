@@ -21,6 +21,9 @@ from lossspike.store_error import StoreError
 
 # 90 minutes covers the hour-long baseline with room for a run that started late.
 HISTORY = timedelta(minutes=90)
+# The spike-train run has three calm hours before its train: instability pages a train only where
+# the run's own history can tell it from the run's usual rate (docs/rule-and-detectors.md).
+SPIKE_TRAIN_HISTORY = timedelta(minutes=180)
 # One step every 10 s keeps the demo file small while every window stays well filled.
 STEP = timedelta(seconds=10)
 # Fixed so the demo and its documentation show the same numbers every time.
@@ -98,6 +101,15 @@ def _demo_steps(now: datetime):
         end = now - STALL_AGE if kind == "stall" else now
         step = SLOW_STEP if kind == "slow_shift" else STEP
         moment, number = start, 0
+        if kind == "spike_train":
+            # The calm hours before HISTORY draw from their own generator, so every other step
+            # of the demo keeps its numbers; the loss there holds the level HISTORY starts at.
+            early = random.Random(SEED + 1)
+            moment = now - SPIKE_TRAIN_HISTORY
+            while moment < start:
+                yield run_id, cluster, moment, number, _samples(kind, min(now - moment, HISTORY), early)
+                moment += step
+                number += 1
         while moment < end:
             yield run_id, cluster, moment, number, _samples(kind, now - moment, rng)
             moment += step

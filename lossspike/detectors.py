@@ -9,10 +9,13 @@ are skipped, so eval pauses and slow steps never count as levels.
 - level_shift: every minute of the recent window has its floor (lowest loss) above the
   baseline's trend by more than max(shift_min_rise, shift_sigma x the robust
   minute-to-minute spread of the floors), and a step of at least half that leads into
-  the window. The trend is a line through the medians of two ten-minute halves of the
-  twenty minutes before the window, extrapolated only when it falls: a falling loss does
-  not hide a shift, medians ignore one outlier minute, floors ignore a burst shorter than
-  the window (it cannot lift the floor of the minutes it only partly covers), the step
+  the window. The trend is a line through the medians of two halves, split by rank, of
+  the minutes with data in the twenty before the window, extrapolated only when it
+  falls; with too few minutes for two halves it is flat at their median. A falling loss
+  does not hide a shift; a median of three minutes or more ignores one outlier minute,
+  and halves split by rank keep their minutes across an eval pause, so one easy batch
+  after the pause never is a half of its own; floors ignore a burst shorter than the
+  window (it cannot lift the floor of the minutes it only partly covers), the step
   tells a shift from a loss that flattens after a fast fall, and the newest attempt
   alone means a restart's rewind is never compared with the attempt before it.
 - slow_divergence: the median minute mean of the last ten minutes sits more than
@@ -20,10 +23,13 @@ are skipped, so eval pauses and slow steps never count as levels.
 - instability: excursions, minutes whose peak clears the median of the ten minutes
   before them by max(instability_min_rise, instability_sigma x their spread), counted
   as separate episodes in the window; instability_count of them make a spike train, but
-  only one that is new for the run: at most OWN_SPIKY_SHARE of the run's own ten-minute
-  blocks before the hour (slow divergence's history blocks, at least MIN_BLOCKS of them)
-  had a peak that far above their mean. A run whose logged loss has always spiked (one
-  micro-batch's loss, heavy-tailed) is judged against that history and stays quiet.
+  only one that is new for the run: of the run's own ten-minute blocks before the hour
+  (slow divergence's history blocks, at least MIN_BLOCKS of them), so few had a peak
+  that far above their mean that, at one rate over the history and the window, the
+  window would hold its episodes with a chance of at most NEW_TRAIN_CHANCE. A run whose
+  logged loss has always spiked (one micro-batch's loss, heavy-tailed), or whose
+  excursions keep one rate, is judged against that history and stays quiet; a short
+  history refutes only a dense train.
 - resume_jump: a new attempt (no finite loss before the hour, its first in it) whose level,
   the median floor of its first RESUME_LEVEL_MINUTES minutes with data (at least
   MIN_RECENT_MINUTES), sits more than max(resume_min_rise, resume_sigma x the previous
@@ -62,7 +68,8 @@ FIT_MINUTES = 20
 TREND_SIGMAS = 3.0
 # ...a median's standard error being about 1.25 times a mean's (sqrt(pi / 2))...
 _MEDIAN_NOISE = 1.2533
-# ...and each half holds at least this many minutes with data.
+# ...and each half holds at least this many minutes with data after it drops the one minute
+# that would tilt the line down: a median of three outvotes one more outlier minute.
 MIN_HALF_MINUTES = 3
 # The step that starts a shift lies in the recent window or these few minutes before it.
 JUMP_MINUTES = 5
@@ -85,11 +92,13 @@ BLOCK_MINUTES = HISTORY_BLOCK_MINUTES
 MIN_BLOCK_SAMPLES = 3
 # The horizon must hold this many blocks before a rise over its best counts.
 MIN_BLOCKS = 3
-# A spike train is new for the run when at most this share of its own blocks before the hour
-# had an excursion-sized peak: clean runs have none, a noisy micro-batch loss (modded-nanogpt's
-# records) has one in more than half of its blocks, and three spiky blocks in two hours is
-# still a run that was calm.
-OWN_SPIKY_SHARE = 0.25
+# A spike train is new for the run when, were the run's rate of episodes one over the window and
+# its own history, the window would hold as many of them with at most this chance: a history of
+# twelve calm blocks refutes six episodes (0.0007), not five (0.0022); three calm blocks (a run's
+# second hour) refute only fourteen. At 0.005 a clean run whose +0.2-0.3 excursions come at a
+# constant rate still paged in 3 of 180 three-hour runs, at 0.002 in none, and the benchmark's
+# spike trains all page by their deadline at either.
+NEW_TRAIN_CHANCE = 0.002
 # A new attempt's level is its first minutes': long enough that one step is not a level,
 # short enough to page within minutes of the first losses.
 RESUME_LEVEL_MINUTES = 5
@@ -165,6 +174,15 @@ class ShiftBaseline(NamedTuple):
     noise: np.ndarray
 
 
+def _extreme(mask: np.ndarray, values: np.ndarray, highest: bool) -> np.ndarray:
+    """Per row, the masked position of the highest (or lowest) value, the oldest among equals;
+    nothing where the mask is empty."""
+    filled = np.where(mask, values if highest else -values, -np.inf)
+    out = np.zeros(mask.shape, dtype=bool)
+    np.put_along_axis(out, np.argmax(filled, axis=-1)[..., None], True, axis=-1)
+    return out & mask
+
+
 def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     """level_shift's trend-aware baseline for a recent window of `width` minutes (see the module's
     doc); the limit a floor must clear over it is max(shift_min_rise, shift_sigma x noise)."""
@@ -175,23 +193,33 @@ def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     start = (minutes - width)[..., None]
     base = data & (idx < start)
     fit = base & (idx >= start - FIT_MINUTES)
-    middle = start - FIT_MINUTES / 2
-    halves = [fit & (idx < middle), fit & (idx >= middle)]
+    # The halves split the fit's minutes with data by rank, not by clock: a pause leaves each
+    # half its share of minutes, so a half is never one minute (an easy batch after an eval).
+    count = fit.sum(axis=-1)
+    rank = np.cumsum(fit, axis=-1)
+    sloped = count >= 2 * (MIN_HALF_MINUTES + 1)
+    older = fit & sloped[..., None] & (rank <= (count // 2)[..., None])
+    # Too few minutes for two halves: one level, of them all. Each half drops the one minute
+    # that would tilt the trend down (the older half its highest, the newer its lowest), so no
+    # single minute, an easy batch however low, can lower the line: it can only flatten it.
+    halves = [older & ~_extreme(older, floors, highest=True), fit & ~older]
+    halves[1] &= ~_extreme(halves[1], floors, highest=False)
     # The halves lie in the FIT_MINUTES before the earliest recent window: sort those minutes only.
     first = max(int(np.min(start, initial=minutes)) - FIT_MINUTES, 0)
     fits = slice(first, max(int(np.max(start, initial=0)), first))
     levels = [median(np.where(h[..., fits], floors[..., fits], np.nan)) for h in halves]
     times = [median(np.where(h[..., fits], idx[fits], np.nan)) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
-    # A half without minutes counts one: its median is NaN anyway and the slope unused.
-    counts = [np.maximum(h.sum(axis=-1), 1) for h in halves]
+    # A level is a median of MIN_HALF_MINUTES minutes or more, which one more cannot move far.
+    counts = [h.sum(axis=-1) for h in halves]
+    levels[1] = np.where(counts[1] >= MIN_HALF_MINUTES, levels[1], np.nan)
+    counts = [np.maximum(c, 1) for c in counts]
     # Only a falling trend is extrapolated (a rising one is what the detectors look for), and
     # only one the halves' medians show beyond their noise: a slope guessed from a few noisy
     # minutes of a slow run would extrapolate into a false page.
     fall = levels[0] - levels[1]
     doubt = TREND_SIGMAS * _MEDIAN_NOISE * noise * np.sqrt(1.0 / counts[0] + 1.0 / counts[1])
-    enough = (halves[0].sum(axis=-1) >= MIN_HALF_MINUTES) & (halves[1].sum(axis=-1) >= MIN_HALF_MINUTES)
-    clear = enough & (_quiet(np.greater, fall, doubt))
+    clear = sloped & (_quiet(np.greater, fall, doubt))
     slope = np.where(clear, np.nan_to_num(_quiet(np.divide, -fall, times[1] - times[0])), 0.0)
     trend = levels[1][..., None] + slope[..., None] * (idx - times[1][..., None])
     return ShiftBaseline(trend, noise)
@@ -323,18 +351,57 @@ def excursion_size(grid: Partial, sigma: Any, min_rise: Any) -> np.ndarray:
     return np.maximum(np.asarray(min_rise, dtype=float), np.asarray(sigma, dtype=float) * scale)
 
 
-def own_spiky_share(
+def own_spiky_blocks(
     grid: Partial, history_n: np.ndarray, history_sum: np.ndarray, history_peak: np.ndarray, sigma: Any, min_rise: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The share of the run's own blocks before the hour (at least MIN_BLOCK_SAMPLES finite
-    losses each) whose peak clears their mean by the hour's excursion size, and how many
+    """How many of the run's own blocks before the hour (at least MIN_BLOCK_SAMPLES finite
+    losses each) have a peak clearing their mean by the hour's excursion size, and how many
     such blocks there are."""
     size = excursion_size(grid, sigma, min_rise)
     counted = history_n >= MIN_BLOCK_SAMPLES
     means = _quiet(np.divide, history_sum, history_n)
     spiky = counted & _quiet(np.greater, history_peak, means + size[..., None])
     blocks = counted.sum(axis=-1)
-    return _quiet(np.divide, spiky.sum(axis=-1), blocks), blocks
+    return spiky.sum(axis=-1), blocks
+
+
+def same_rate_chance(episodes: np.ndarray, spiky: np.ndarray, blocks: np.ndarray, window: int) -> np.ndarray:
+    """The chance that, were the run's rate of episodes the same in the window and in its history,
+    the window's `window` minutes would hold at least `episodes` of all the episodes seen, the
+    history's `blocks` blocks holding `spiky` (one for each spiky block: a block may hold more, so
+    this errs toward a new train). Given their total, the window's share is binomial with the
+    window's share of the minutes (the test comparing two Poisson rates); the tail summed term by
+    term, as a horizon holds a few dozen blocks and an hour a few dozen episodes."""
+    episodes, spiky, blocks = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (episodes, spiky, blocks)))
+    total = episodes + spiky
+    share = window / (window + BLOCK_MINUTES * blocks)
+    most = int(np.max(total, initial=0))
+    logs = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, most + 1)))])
+    n = total.astype(int)
+    chance = np.zeros(total.shape)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for k in range(most + 1):
+            ways = logs[n] - logs[k] - logs[np.maximum(n - k, 0)]
+            term = np.exp(ways + k * np.log(share) + (total - k) * np.log1p(-share))
+            chance += np.where((k >= episodes) & (k <= total), np.nan_to_num(term), 0.0)
+    return np.minimum(chance, 1.0)
+
+
+def new_for_run(
+    grid: Partial,
+    history_n: np.ndarray,
+    history_sum: np.ndarray,
+    history_peak: np.ndarray,
+    episodes: np.ndarray,
+    sigma: Any,
+    min_rise: Any,
+) -> np.ndarray:
+    """Whether a train of `episodes` in the hour is new for the run: it has MIN_BLOCKS own blocks
+    before the hour, and they would have stayed as calm as they did at the hour's rate with a
+    chance of at most NEW_TRAIN_CHANCE (see the module's doc)."""
+    spiky, blocks = own_spiky_blocks(grid, history_n, history_sum, history_peak, sigma, min_rise)
+    chance = same_rate_chance(episodes, spiky, blocks, grid.n.shape[-1] - REFERENCE_MINUTES)
+    return (blocks >= MIN_BLOCKS) & (chance <= NEW_TRAIN_CHANCE)
 
 
 def instability(
@@ -351,8 +418,7 @@ def instability(
     starts = episode_starts(excursions(grid, sigma, min_rise), grid.n > 0)
     seen = starts[..., REFERENCE_MINUTES:].sum(axis=-1).astype(float)
     limit = np.broadcast_to(np.asarray(count, dtype=float), seen.shape)
-    share, blocks = own_spiky_share(grid, history_n, history_sum, history_peak, sigma, min_rise)
-    new = (blocks >= MIN_BLOCKS) & (share <= OWN_SPIKY_SHARE)
+    new = new_for_run(grid, history_n, history_sum, history_peak, seen, sigma, min_rise)
     return Finding((seen >= limit) & new, seen, limit)
 
 

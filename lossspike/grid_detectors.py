@@ -111,15 +111,15 @@ def detections(
             sliced = Partial(*(view[rows[part], begin[part]] for view in views))
             history_n, history_sum = _history_blocks(running, rows[part], begin[part], t)
             history_peak = _history_peaks(peaks, rows[part], begin[part], t)
-            share, blocks = detectors.own_spiky_share(
+            new = detectors.new_for_run(
                 sliced,
                 history_n,
                 history_sum,
                 history_peak,
+                seen[cells],
                 limits["instability_sigma"][cells],
                 limits["instability_min_rise"][cells],
             )
-            new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)
             found[INSTABILITY].fired[run[cells], tick[cells]] = new
     if RESUME_JUMP in enabled and previous is not None:
         _resume_jumps(found[RESUME_JUMP], grid, views, running, ends, t, verdicts, chosen, previous)

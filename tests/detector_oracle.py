@@ -34,8 +34,8 @@ FLIP_REL = 1e-9
 
 # The detectors' constants, from docs/rule-and-detectors.md / lossspike.detectors' docstring.
 LEVEL_MINUTES = 10  # slow divergence's current level: median minute mean of the last ten minutes
-FIT_MINUTES = 20  # level_shift's trend: two ten-minute halves before the recent window
-MIN_HALF_MINUTES = 3  # each half holds three minutes with data for a slope
+FIT_MINUTES = 20  # level_shift's trend: the minutes before the recent window, in two halves by rank
+MIN_HALF_MINUTES = 3  # a level: a median of three minutes, once the one tilting it down is dropped
 TREND_SIGMAS = 3.0  # a slope counts beyond three standard errors of the halves' medians
 MEDIAN_NOISE = 1.2533  # a median's standard error over a mean's, sqrt(pi / 2)
 JUMP_MINUTES = 5  # the step into a shift lies in the window or the five minutes before it
@@ -49,7 +49,7 @@ BLOCK_MINUTES = 10  # slow divergence's blocks
 MIN_BLOCK_SAMPLES = 3  # a block with fewer finite losses is no level
 MIN_BLOCKS = 3  # the horizon needs three blocks
 MAD_TO_SIGMA = 1.4826
-OWN_SPIKY_SHARE = 0.25  # a spike train is new when at most a quarter of the run's own blocks spiked
+NEW_TRAIN_CHANCE = 0.002  # a spike train is new when one rate over history and window gives it that chance
 RESUME_LEVEL_MINUTES = 5  # a new attempt's level: the median floor of its first five minutes with data
 RESUME_PREVIOUS_MINUTES = 5  # the previous attempt held a level: five minutes with data in the hour
 DETECTORS = ("level_shift", "slow_divergence", "instability", "resume_jump")
@@ -216,9 +216,12 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
     """Every recent minute's floor above the baseline's trend by more than max(min_rise, sigma x
     the robust spread of consecutive baseline floors), with a step of half that leading in.
 
-    The trend: medians of two ten-minute halves of the twenty minutes before the window (floor,
-    minute), its slope used only when it falls by more than three standard errors of a median
-    (each half holding three minutes or more), else flat at the second half's median.
+    The trend: the minutes with data of the twenty before the window, split by rank into an
+    older and a newer half (the newer one the larger), the older without its highest minute and
+    the newer without its lowest, medians of each (floor, minute); its slope used only when it
+    falls by more than three standard errors of a median (eight minutes or more, so each half
+    keeps three), else flat at the newer half's median; with fewer than eight, flat at the median
+    of them all but the lowest; with fewer than four, no level.
     """
     hour = len(grid)
     cut = hour - width
@@ -229,14 +232,19 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
         return Decision(False)
     steps = [abs(floor[b] - floor[a]) for a, b in zip(base, base[1:], strict=False)]
     spread = MAD_TO_SIGMA * _median(steps) / math.sqrt(2.0) if steps else 0.0
-    middle = cut - FIT_MINUTES / 2
-    first = [i for i in base if cut - FIT_MINUTES <= i < middle]
-    second = [i for i in base if middle <= i]
-    if not second:
+    fit = [i for i in base if cut - FIT_MINUTES <= i]
+    if len(fit) < MIN_HALF_MINUTES + 1:
         return Decision(False)
+    halves = len(fit) >= 2 * (MIN_HALF_MINUTES + 1)
+    first, second = (fit[: len(fit) // 2], fit[len(fit) // 2 :]) if halves else ([], fit)
+    # The one minute that would tilt the line down leaves each half: the older's highest, the
+    # newer's lowest (the oldest among equals).
+    if first:
+        first.remove(max(first, key=lambda i: (floor[i], -i)))
+    second.remove(min(second, key=lambda i: (floor[i], i)))
     y2, x2 = _median([floor[i] for i in second]), _median(second)
     slope = 0.0
-    if len(first) >= MIN_HALF_MINUTES and len(second) >= MIN_HALF_MINUTES:
+    if halves:
         y1, x1 = _median([floor[i] for i in first]), _median(first)
         doubt = TREND_SIGMAS * MEDIAN_NOISE * spread * math.sqrt(1 / len(first) + 1 / len(second))
         if y1 - y2 > doubt:
@@ -320,7 +328,10 @@ def instability(
     minutes before it (five with data at least) by max(min_rise, sigma x their spread: the
     median within-minute standard deviation, or where no minute has two losses, 1.4826 x the
     median absolute deviation of their means from that median). It pages only a train new for
-    the run: three or more own blocks before the hour, at most a quarter of them spiky.
+    the run: three or more own blocks before the hour, so few of them spiky that, given the
+    episodes and spiky blocks in all, the window (the hour after its first ten minutes) would
+    hold its episodes or more with a chance of at most NEW_TRAIN_CHANCE at its share of the
+    minutes (one Poisson rate over both).
 
     `own_minute` shifts the reference to the ten minutes ending with the judged one: not SPEC,
     the planted bug the property tests must reach (see `own_minute_matters`)."""
@@ -348,7 +359,12 @@ def instability(
             previous = marked[j]
     count = float(t.instability_count)
     blocks, spiky, own_edge = _own_blocks(grid, history, horizon, t, scale)
-    new = blocks >= MIN_BLOCKS and spiky <= OWN_SPIKY_SHARE * blocks
+    window = len(grid) - REFERENCE_MINUTES
+    share = window / (window + BLOCK_MINUTES * blocks)
+    total = episodes + spiky
+    chance = math.fsum(math.comb(total, k) * share**k * (1 - share) ** (total - k) for k in range(episodes, total + 1))
+    new = blocks >= MIN_BLOCKS and chance <= NEW_TRAIN_CHANCE
+    own_edge |= math.isclose(chance, NEW_TRAIN_CHANCE, rel_tol=1e-6)
     return Decision(episodes >= count and new, float(episodes), count, edge or (episodes >= count and own_edge))
 
 

@@ -35,7 +35,11 @@ KINDS = (
     "flattening",
     "eval_pause",
     "stall",
+    "easy_batch_gap",
 )
+# easy_batch_gap: the one easy batch's depth below the level, and a restart's rewind (minutes).
+EASY_BATCH = 0.4
+EASY_REWIND = 5
 # Step times (seconds) of hero runs, from a small model's few seconds to a large one's 105 s.
 CADENCES = (3.0, 10.0, 30.0, 60.0)
 SLOW_CADENCES = (60.0, 75.0, 90.0, 105.0, 120.0)
@@ -78,8 +82,16 @@ def samples_of(plan: Plan, now: datetime = NOW) -> list[Sample]:
         def curve(minute: float) -> float:
             return floor + drop * math.exp(-max(min(minute, fall_ends), 0.0) / tau)
 
+    if plan.kind == "easy_batch_gap":
+        level = rng.uniform(1.5, 3.0)
+
+        def curve(minute: float) -> float:
+            # Flat, or falling `size` nats an hour (a learning-rate decay's steady fall).
+            return level - plan.size * minute / 60.0
+
     first = now - timedelta(minutes=plan.minutes)
     phase = rng.uniform(0.0, plan.cadence)
+    easy = True
     old, new = plan.attempts
     out: list[Sample] = []
     step = 0
@@ -126,6 +138,20 @@ def samples_of(plan: Plan, now: datetime = NOW) -> list[Sample]:
             continue
         elif plan.kind == "stall" and age <= plan.at:
             break
+        elif plan.kind == "easy_batch_gap":
+            # An eval pause (even seeds) or a restart from a checkpoint EASY_REWIND minutes back
+            # (odd seeds) ends `at` minutes ago; its first step is one easy batch.
+            restart = plan.seed % 2 == 1
+            if age > plan.at:
+                uid = old if restart else new
+            elif age > plan.at - plan.extra:
+                continue
+            else:
+                if restart:
+                    value = curve(minute - EASY_REWIND) + rng.gauss(0.0, plan.noise)
+                if easy:
+                    easy = False
+                    value -= EASY_BATCH
         out.append(Sample(moment, value, plan.run_id, execution_uid=uid))
         if plan.other_metric and step % 7 == 0:
             out.append(Sample(moment, rng.uniform(0.2, 1.0), plan.run_id, name="grad_norm_total", execution_uid=uid))
@@ -165,13 +191,18 @@ def plans(draw, run_id: str = "hero-a") -> Plan:
         at, extra = draw(st.integers(2, 40)), draw(st.integers(2, 12))
     elif kind == "stall":
         at = draw(st.integers(1, 25))
+    elif kind == "easy_batch_gap":
+        size, at, extra = draw(st.sampled_from([0.0, 0.25])), draw(st.integers(2, 40)), draw(st.integers(3, 12))
     event(f"incident: {kind}")
+    seed = draw(st.integers(0, 2**32))
+    if kind == "easy_batch_gap":
+        event(f"easy batch after {'a restart' if seed % 2 else 'an eval pause'}, {'falling' if size else 'flat'}")
     return Plan(
         run_id,
         kind,
         cadence,
         minutes,
-        draw(st.integers(0, 2**32)),
+        seed,
         size,
         at,
         extra,

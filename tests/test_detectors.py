@@ -51,11 +51,11 @@ def reported(rows: list[dict]) -> None:
 # Spike trains whose verdict the judged minute would change if instability's reference window took
 # it in (tests/detector_oracle.py's own_minute_matters finds them; random spike-train plans of two
 # hours or more, which give instability the run's own blocks before the hour, land there about one
-# time in 40): drawn as explicit examples every run, and now and then by fleets() too.
+# time in 100): drawn as explicit examples every run, and now and then by fleets() too.
 REFERENCE_EDGE = [
-    Plan("hero-a", "spike_train", 10.0, 130, 2438517928, 0.5, 48, 4, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 30.0, 143, 3882726895, 0.5, 23, 6, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 30.0, 195, 2395092501, 0.5, 25, 4, attempts=("b", "a"), noise=0.08),
+    Plan("hero-a", "spike_train", 10.0, 200, 2720318488, 0.5, 39, 3, attempts=("e1", "e2"), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 130, 3843839804, 1.0, 26, 3, attempts=("x", None), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 130, 142456398, 0.5, 36, 4, attempts=(None, "x"), noise=0.08),
 ]
 
 
@@ -267,16 +267,30 @@ def test_the_seed_setting_gives_the_seed_rule_rows_on_a_shift():
     assert all(r["observed"] is None and r["threshold"] is None and r["metric"] is None for r in rows)
 
 
-def test_a_spike_train_pages_instability():
-    samples = falling_run(minutes=120, noise=0.005)
+def spiked(minutes: int) -> list[Sample]:
+    """A calm falling run of `minutes` whose steps jump 2 nats once every 8 minutes of the last 50."""
+    samples = falling_run(minutes=minutes, noise=0.005)
     for k, s in enumerate(samples):
         age = (NOW - s.timestamp) / MINUTE
         if age < 50 and int(age) % 8 == 0 and (NOW - s.timestamp).seconds % 60 < 10:
             samples[k] = Sample(s.timestamp, s.value + 2.0, "hero-a")
+    return samples
+
+
+def test_a_spike_train_pages_instability():
+    """Six episodes in the window after a horizon of twelve calm blocks page (one rate over both
+    would give them once in 1,500); after an hour of six blocks, one of them spiky (the run's fast
+    early fall), one rate gives them once in 26: a short history refutes only a denser train
+    (docs/rule-and-detectors.md)."""
+    samples = spiked(240)
     rows = rows_for(samples, Settings())
     row = loss_row(rows)
     assert row["reason"] == "instability" and row["observed"] >= row["threshold"] == 4
     assert_matches(rows, expect(samples, NOW, Config()))
+    short = spiked(120)
+    rows = rows_for(short, Settings())
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(short, NOW, Config()))
 
 
 def test_a_slow_divergence_pages_before_the_seed_rule():
@@ -342,13 +356,14 @@ def test_oracle_catches_a_wrong_threshold():
 
 def excursions_across_the_tenth_minute() -> list[Sample]:
     """A flat run with three two-or-one-minute excursions of +2 nats; the first spans minutes
-    49-51 before now, so it straddles the hour's tenth minute (the first with a full reference)."""
+    49-51 before now, so it straddles the hour's tenth minute (the first with a full reference).
+    Ten calm hours before them: three episodes are new for a run only against a long history."""
     import random
 
     rng = random.Random(3)
     samples = []
-    for k in range(120 * 6):
-        moment = NOW - 120 * MINUTE + timedelta(seconds=10 * k + 3)
+    for k in range(HISTORY_MINUTES * 6):
+        moment = NOW - HISTORY_MINUTES * MINUTE + timedelta(seconds=10 * k + 3)
         age = (NOW - moment) / MINUTE
         value = 2.0 + rng.gauss(0, 0.005)
         if 49 < age <= 51 or 29 < age <= 30 or 14 < age <= 15:
@@ -357,8 +372,10 @@ def excursions_across_the_tenth_minute() -> list[Sample]:
     return samples
 
 
-# Three separate excursions page when the count asks for three (the default asks four).
-THREE = Settings(thresholds=Thresholds(instability_count=3))
+# Three separate excursions page when the count asks for three (the default asks four), on a run
+# whose horizon of 54 calm blocks makes three episodes new (one rate over both: 0.0006).
+HISTORY_MINUTES = 600
+THREE = Settings(thresholds=Thresholds(instability_count=3, divergence_minutes=HISTORY_MINUTES))
 
 
 def test_three_excursions_in_the_hour_page_instability():
@@ -535,3 +552,80 @@ def test_a_run_that_has_always_spiked_does_not_page_instability():
     store = store_for(always)
     [result] = backtest(store, Settings(), [NOW - 20 * MINUTE, NOW])
     assert [result.runs[0].reason(i) for i in range(2)] == ["healthy", "healthy"]
+
+
+# --- one easy batch next to a gap, and a steady rate of excursions (issue 34) ------------------
+
+
+def easy_after_gap(rate: float, gap: str, seed: int = 3) -> list[Sample]:
+    """A run of 200 minutes at 10 s a step, flat or falling `rate` nats an hour, whose steps stop for
+    12 minutes until 40 minutes before NOW: an eval pause, or a restart's gap ("restart": a new
+    attempt resuming from a checkpoint 5 minutes back; "restart, no UIDs": the same without
+    execution UIDs, so one attempt). The first step after the gap is one easy batch 0.4 below."""
+    rng = random.Random(seed)
+    out, easy = [], True
+    for k in range(200 * 6):
+        moment = NOW - 200 * MINUTE + timedelta(seconds=10 * k + 3)
+        age = (NOW - moment) / MINUTE
+        if 40 < age <= 52:
+            continue
+        resumed = age <= 40 and gap != "eval pause"
+        value = 2.5 + rate * (age + (5 if resumed else 0)) / 60 + rng.gauss(0, 0.01)
+        if age <= 40 and easy:
+            value, easy = value - 0.4, False
+        uid = None if gap == "restart, no UIDs" else ("attempt-2" if resumed else "attempt-1")
+        out.append(Sample(moment, value, "hero-a", execution_uid=uid))
+    return out
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.0], ids=["falling", "flat"])
+@pytest.mark.parametrize(
+    ("gap", "attempts"),
+    [("eval pause", "newest"), ("restart, no UIDs", "newest"), ("restart", "all")],
+)
+def test_one_easy_batch_after_a_gap_does_not_page_level_shift(rate, gap, attempts):
+    """The easy batch is the newest baseline minute six minutes after the run resumes: were the
+    trend's newer half that one minute (the 12-minute gap empties the rest of it), the next minutes'
+    ordinary floors would read 0.4 above it. A level is a median of three minutes or more, and the
+    halves split the minutes by rank, so nothing pages at any tick of the 40 minutes since."""
+    samples = easy_after_gap(rate, gap)
+    config = Settings(attempts=attempts)
+    store = store_for(samples)
+    ticks = [NOW - 40 * MINUTE + k * MINUTE for k in range(41)]
+    [result] = backtest(store, config, ticks)
+    reasons = [result.runs[0].reason(i) for i in range(len(ticks))]
+    assert set(reasons) <= {"healthy", "warming_up"}, reasons
+    # Where the one-minute half paged: evaluate and the oracle agree it is healthy.
+    at = NOW - 34 * MINUTE
+    visible = [s for s in samples if s.timestamp < at]
+    rows = rows_for(visible, config, at)
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(visible, at, Config(attempts=attempts)))
+
+
+def steady_excursions(rate: float, cadence: float, seed: int) -> list[Sample]:
+    """A clean flat run of 3 hours whose steps jump +0.2-0.3 nats at a constant `rate` a minute:
+    stationary heavy-tailed noise, excursions clearing instability's 0.2 limit now and then."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(int(180 * 60 / cadence)):
+        moment = NOW - 180 * MINUTE + timedelta(seconds=cadence * k + 3)
+        value = 2.5 + rng.gauss(0, 0.01)
+        if rng.random() < rate * cadence / 60:
+            value += rng.uniform(0.2, 0.3)
+        out.append(Sample(moment, value, "hero-a"))
+    return out
+
+
+@pytest.mark.parametrize(("rate", "cadence", "seed"), [(0.03, 30.0, 6), (0.06, 10.0, 2), (0.1, 10.0, 6)])
+def test_a_steady_rate_of_excursions_in_a_short_run_does_not_page_instability(rate, cadence, seed):
+    """Over the last two hours of a 3-hour run (one to two hours of its own blocks), some hour holds
+    four episodes by chance; its history, as often spiky as a constant rate makes it, is no calmer
+    than that rate allows, so the train is not new for the run (a quarter of too few blocks was:
+    these runs paged for 10 to 56 minutes)."""
+    samples = steady_excursions(rate, cadence, seed)
+    store = store_for(samples)
+    ticks = [NOW - 120 * MINUTE + k * MINUTE for k in range(121)]
+    [result] = backtest(store, Settings(), ticks)
+    reasons = [result.runs[0].reason(i) for i in range(len(ticks))]
+    assert "instability" not in reasons and set(reasons) <= {"healthy", "warming_up"}, reasons
