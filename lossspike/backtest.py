@@ -220,12 +220,20 @@ def _histories(
                 if mine_phases and histories[-1].checks:
                     for tick, fired in histories[-1].checks.items():
                         state = mine_phases.get(tick)
-                        fired[:] = [(f, finished_policy(state, p)) for f, p in fired]
+                        last = _last_loss(run_windows, offset, tick)
+                        fired[:] = [(f, finished_policy(state, p, last)) for f, p in fired]
             if detail and LEVEL_SHIFT in enabled:
                 shift_lines(
                     histories[-1], grid, loss, ends, t, chosen[offset], policies[offset], verdicts.slow[offset], ticks
                 )
     return histories
+
+
+def _last_loss(run_windows: dict[str, np.ndarray], row: int, tick: int) -> datetime | None:
+    """The run's newest loss sample in the tick's hour (any attempt, NaN included), None without one."""
+    if not run_windows["loss_in_window"][row, tick]:
+        return None
+    return minutes.instant(int(run_windows["last_loss_us"][row, tick]))
 
 
 def _apply_phases(
@@ -244,8 +252,7 @@ def _apply_phases(
         if code < 0:
             continue
         policy = verdicts.table[int(verdicts.policy[row, tick])]
-        last_us = int(run_windows["last_loss_us"][row, tick])
-        last = minutes.instant(last_us) if run_windows["loss_in_window"][row, tick] else None
+        last = _last_loss(run_windows, row, tick)
         reason, policy = loss_verdict(REASONS[code], state, last, ticks[tick], policy)
         if reason != REASONS[code]:
             history.codes[tick] = CODES[reason]

@@ -69,18 +69,18 @@ TELEMETRY_BYTES = {
     "job_id": 26,
     "execution_uid": 13,
 }
-# The telemetry columns a tick reads beyond (or short of) the contract's, per table shape
-# (lossspike.schema.SHAPES, docs/data-contracts.md): levanter.metrics has no `service` and an INT64
-# process_index (8 B), its `kind` unread (a non-NULL value is a scalar there); telemetry_v1 a STRING
-# process_index '0' (3 B) and kind 'gauge' (7 B). timestamp_ms is 8 B like timestamp, and both
-# read the INT64 seq (8 B), which breaks ties between attempts' newest rows. The floor stays the
-# contract's eight columns (SPEC).
+# The telemetry columns a tick reads of each row, per table shape (lossspike.schema.SHAPES,
+# docs/data-contracts.md): the contract's eight where the shape has them (timestamp_ms is 8 B like
+# timestamp; levanter.metrics has no `service`), and the columns that pick the rows that count:
+# process_index (INT64 8 B in levanter.metrics, STRING '0' 3 B in telemetry_v1), kind ('scalar'
+# 8 B, 'gauge' 7 B: only scalar rows are samples) and the INT64 seq (8 B, newest-row ties).
 SHAPE_COLUMN_BYTES = {
     "contract": TELEMETRY_BYTES,
     "levanter.metrics": {
         **{k: v for k, v in TELEMETRY_BYTES.items() if k not in ("timestamp", "service")},
         "timestamp_ms": 8,
         "process_index": 8,
+        "kind": 8,
         "seq": 8,
     },
     "telemetry_v1": {
@@ -91,6 +91,11 @@ SHAPE_COLUMN_BYTES = {
         "seq": 8,
     },
 }
+# SPEC "Cost": a real Levanter shape's floor counts, beside the contract's columns, the columns it
+# needs only to pick the rows that count, where the table has them.
+PICK_COLUMNS = ("process_index", "kind", "seq")
+# A shape's own name for the contract's time column.
+TIME_COLUMN_NAMES = ("timestamp", "timestamp_ms")
 # Rollup rows per run and minute: a bucket for the loss (1.2: a noisy loss near an integer
 # sometimes splits in two) and one for the run's other metrics, whose loss columns are NULL,
 # and BigQuery counts a NULL as 0 bytes
@@ -267,6 +272,13 @@ class Fleet:
         return sum(self.column_bytes.values())
 
     @property
+    def floor_row_bytes(self) -> float:
+        """The bytes of one new row in SPEC's floor for this shape: the contract's columns the table has
+        (its time column for `timestamp`), plus its PICK_COLUMNS; row_bytes in the contract's shape."""
+        counted = (*TELEMETRY_BYTES, *TIME_COLUMN_NAMES, *PICK_COLUMNS)
+        return sum(v for k, v in self.column_bytes.items() if k in counted)
+
+    @property
     def partition_minutes(self) -> int:
         return 60 if self.partition == "HOUR" else 1440
 
@@ -318,8 +330,9 @@ def mib_text(value: float) -> str:
 
 
 def floor_bytes(fleet: Fleet) -> float:
-    """SPEC's floor of a tick: the rows that arrived since the last tick, plus 10 MiB for each other read."""
-    new_rows = at_least_minimum(fleet.telemetry_rows_per_minute * fleet.row_bytes)
+    """SPEC's floor of a tick: the rows that arrived since the last tick (in the shape's floor columns,
+    Fleet.floor_row_bytes), plus 10 MiB for each other read."""
+    new_rows = at_least_minimum(fleet.telemetry_rows_per_minute * fleet.floor_row_bytes)
     return new_rows + FLOOR_OTHER_READS * MIN_BYTES_PER_TABLE
 
 

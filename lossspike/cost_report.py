@@ -52,6 +52,9 @@ def estimate(fleet: Fleet, day: datetime | None = None) -> dict[str, Any]:
         "price_per_tib": PRICE_PER_TIB,
         "ticks_per_month": TICKS_PER_MONTH,
         "floor_bytes": round(floor_bytes(fleet)),
+        # The bytes of a new row in the floor: the contract's columns the shape has, plus those that
+        # pick the rows that count (cost_model.PICK_COLUMNS).
+        "floor_row_bytes": fleet.floor_row_bytes,
         # SPEC "Cost": 1.15x with the seed rule alone, 1.3x with the detectors and checks.
         "ratio_target": SEED_RATIO_TARGET if not fleet.detectors and not fleet.checks else DEFAULT_RATIO_TARGET,
         "designs": designs,
@@ -75,7 +78,8 @@ def render(report: dict[str, Any]) -> str:
         f" at {fleet['hz']:g} Hz, {fleet['row_bytes']:g} B a row ({fleet.get('shape', 'contract')} shape);"
         f" ${report['price_per_tib']}/TiB,"
         f" {report['ticks_per_month']:,} ticks a month",
-        f"floor of a tick: {floor / MIB:,.1f} MiB (the new rows, plus 10 MiB each for the view, the base rows"
+        f"floor of a tick: {floor / MIB:,.1f} MiB (the new rows, {report['floor_row_bytes']:g} B each in the"
+        f" {fleet.get('shape', 'contract')} shape's floor columns, plus 10 MiB each for the view, the base rows"
         f" newer than its refresh and the alerts table); target <= {report['ratio_target']:g}x",
     ]
     for label, design in report["designs"].items():

@@ -142,7 +142,9 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
         data_at = _checks_as_of(runs, i, now, levels, names)
         # Checks that share a policy (all of them, unless some row scopes one) are judged in
         # one call; rows keep the checks' order either way.
-        scopes = [finished_policy(phases[i], by_check[check].get(key, plain)) for check in checks]
+        scopes = [
+            finished_policy(phases[i], by_check[check].get(key, plain), windows_i.last_loss_at) for check in checks
+        ]
         start = 0
         while start < len(checks):
             scoped = scopes[start]

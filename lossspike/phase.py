@@ -47,15 +47,21 @@ def _join(note: str | None, more: str) -> str:
     return more if not note else f"{note}; {more}"
 
 
-def is_finished(state: PhaseState | None, policy: RunPolicy) -> bool:
-    """The run published FINISHED last, and no override row says it is not finished."""
-    return state is not None and state.value == PHASE_FINISHED and policy.finished is not False
+def is_finished(state: PhaseState | None, policy: RunPolicy, last_loss_at: datetime | None) -> bool:
+    """The run published FINISHED last, no loss arrived after it, and no override row says it is
+    not finished. A loss newer than the FINISHED row is a run training again (a restart that
+    reuses the attempt, a tracker finished early): it is judged, failing toward paging. A loss at
+    the FINISHED row's own instant is the last step's (finish() follows it in the millisecond)."""
+    if state is None or state.value != PHASE_FINISHED or policy.finished is False:
+        return False
+    return last_loss_at is None or last_loss_at <= state.at
 
 
-def finished_policy(state: PhaseState | None, policy: RunPolicy) -> RunPolicy:
+def finished_policy(state: PhaseState | None, policy: RunPolicy, last_loss_at: datetime | None) -> RunPolicy:
     """The policy of any row of a run (loss or check) once its phase is read: a run that
-    published FINISHED is silenced with a note, as an override `finished = true` would."""
-    if not is_finished(state, policy) or state is None:
+    published FINISHED (and logged no loss since, `last_loss_at` being its newest) is silenced
+    with a note, as an override `finished = true` would."""
+    if not is_finished(state, policy, last_loss_at) or state is None:
         return policy
     note = _join(policy.note, f"the run published FINISHED at {format_rfc3339(state.at)}")
     return dataclasses.replace(policy, silenced=True, note=note)
@@ -72,8 +78,8 @@ def loss_verdict(
     """The loss row's reason and policy (silence, note) once the run's phase is read."""
     if state is None:
         return reason, policy
-    policy = finished_policy(state, policy)
-    if is_finished(state, policy):
+    policy = finished_policy(state, policy, last_loss_at)
+    if is_finished(state, policy, last_loss_at):
         return reason, policy
     t = policy.thresholds
     if state.value == PHASE_INITIALIZING and state.losses == 0 and reason != NOT_FINITE:

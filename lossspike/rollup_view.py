@@ -72,7 +72,7 @@ def minute_buckets(
         kept.append(f"service = {literal(selection.service, 'service')}")
     if shape.process_type and selection.process != "any":
         kept.append(PROCESS_ZERO[shape.process_type])
-    if shape.reads_kind:
+    if shape.has_kind:
         kept.append(KIND_SAMPLE)
     kept += ["value IS NOT NULL", "run_id <> ''", runs]
     is_loss = f"name = {loss}"

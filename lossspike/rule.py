@@ -250,6 +250,28 @@ THRESHOLD_RANGES: dict[str, Range] = {
 }
 
 
+# The windows that must be shorter than the baseline (threshold_problems says why, one each). SPEC
+# "Phase": a setting left at its default never makes another one invalid, so where the baseline
+# set alone is too short for one of these defaults, the default follows the baseline.
+BELOW_BASELINE = ("recent_minutes", "stall_minutes", "initializing_minutes")
+
+
+def following_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The thresholds `given` (those set explicitly), with each of BELOW_BASELINE left unset that its
+    default no longer fits under the given baseline set to the longest that does, baseline - 1 (so
+    `stall_minutes` and `initializing_minutes` keep their checks on as long as the baseline lets them;
+    `recent_minutes` stays at its default when no positive length fits, and is then refused)."""
+    out = dict(given)
+    baseline = given.get("baseline_minutes")
+    if not THRESHOLD_RANGES["baseline_minutes"].accepts(baseline):
+        return out
+    for name in BELOW_BASELINE:
+        default = Thresholds.__dataclass_fields__[name].default
+        if name not in given and default >= baseline and THRESHOLD_RANGES[name].accepts(baseline - 1):
+            out[name] = baseline - 1
+    return out
+
+
 def threshold_problems(t: Any) -> list[str]:
     """Return one message per invalid threshold of `t` (any object with Thresholds' fields)."""
     problems = []

@@ -35,10 +35,6 @@ REQUIRED_COLUMNS = ("name", "value", "cluster", "run_id", "job_id", "execution_u
 TIME_COLUMNS = ("timestamp", "timestamp_ms")
 # Read where present: process_index (process 0's rows), seq (newest-row ties), kind (samples).
 OPTIONAL_COLUMNS = ("process_index", "seq", "kind")
-# The statistics columns of a typed metrics table (levanter.metrics): such a table keeps a summary's
-# or a histogram's numbers in them and leaves `value` NULL, so a non-NULL value is a scalar and
-# `kind` need not be read (levanter-telemetry-facts.md 1a, 5.6; each kind byte costs every row).
-SUMMARY_COLUMNS = ("mean", "variance")
 
 
 @dataclass(frozen=True)
@@ -47,8 +43,8 @@ class TelemetryShape:
 
     `time_column` is `timestamp` (an instant) or `timestamp_ms` (INT64 epoch milliseconds);
     `process_type` is the GoogleSQL type of process_index ("INT64" or "STRING"), None
-    without the column; the flags say which of seq, service and kind exist, and
-    `has_summary_columns` whether summaries keep their statistics apart (SUMMARY_COLUMNS).
+    without the column; the flags say which of seq, service and kind exist. Where `kind` exists
+    it is read: a summary or histogram row is never a sample, even when a loader gave it a value.
     """
 
     time_column: str = "timestamp"
@@ -56,12 +52,6 @@ class TelemetryShape:
     has_seq: bool = False
     has_service: bool = True
     has_kind: bool = False
-    has_summary_columns: bool = False
-
-    @property
-    def reads_kind(self) -> bool:
-        """Whether `kind` must be read to keep samples: not where a non-NULL value already means scalar."""
-        return self.has_kind and not self.has_summary_columns
 
 
 # The contract's table (SPEC "Data contracts").
@@ -70,11 +60,8 @@ CONTRACT_SHAPE = TelemetryShape()
 # (`lossspike sql --shape`, `lossspike cost --shape`, the tests).
 SHAPES = {
     "contract": CONTRACT_SHAPE,
-    # Finelog's current table: no service column, INT64 process_index, typed kind with the
-    # summaries' statistics in their own columns, server seq.
-    "levanter.metrics": TelemetryShape(
-        "timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True, has_summary_columns=True
-    ),
+    # Finelog's current table: no service column, INT64 process_index, typed kind, server seq.
+    "levanter.metrics": TelemetryShape("timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True),
     # Its predecessor: STRING process_index, a service column, kind gauge for tracker values.
     "telemetry_v1": TelemetryShape("timestamp_ms", "STRING", has_seq=True, has_service=True, has_kind=True),
 }
@@ -179,7 +166,6 @@ def telemetry_shape(columns: dict[str, str]) -> TelemetryShape:
         has_seq="seq" in present,
         has_service="service" in present,
         has_kind="kind" in present,
-        has_summary_columns=all(c in present for c in SUMMARY_COLUMNS),
     )
 
 

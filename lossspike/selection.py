@@ -31,12 +31,13 @@ CHECK_METRICS = (
 DENSE_CHECK_METRICS = tuple(key for key in CHECK_METRICS if key != "eval")
 
 
-# Where a table has `kind` and it must be read, the rows that are samples: `scalar` (levanter.metrics
-# needs no filter: its summary and histogram rows carry NULL value) and telemetry_v1's `gauge`, the kind Levanter's
-# tracker values have there (levanter-telemetry-facts.md 1a, 1b and 5.6); NULL for a loader
-# that leaves it empty.
+# Where a table has `kind`, the rows that are samples: `scalar` (levanter.metrics) and `gauge`, the kind
+# Levanter's tracker values have in telemetry_v1 (levanter-telemetry-facts.md 1a, 1b and 5.6); NULL
+# for a loader that leaves it empty. Matched in any case: a loader that writes `SCALAR` keeps its
+# runs watched (the column is read anyway, so LOWER costs no byte), and a summary or histogram row
+# never counts, whatever its value holds.
 SAMPLE_KINDS = ("scalar", "gauge")
-KIND_SAMPLE = f"(kind IS NULL OR kind IN ({', '.join(repr(k) for k in SAMPLE_KINDS)}))"
+KIND_SAMPLE = f"(kind IS NULL OR LOWER(kind) IN ({', '.join(repr(k) for k in SAMPLE_KINDS)}))"
 # The one process whose rows count by default: Levanter's process 0 (facts 2).
 PROCESS_ZERO = {"INT64": "process_index = 0", "STRING": "process_index = '0'"}
 
@@ -94,14 +95,14 @@ def shape_filters(
 ) -> list[str]:
     """The conditions the table's optional columns put on its rows: the service where the table has
     the column and the setting names one, process 0 where it has process_index (unless `any`),
-    sample kinds where it has kind and a value alone does not say (TelemetryShape.reads_kind)."""
+    sample kinds where it has kind."""
     kept = []
     if shape.has_service and selection.service:
         params["service"] = selection.service
         kept.append(f"service = {dialect.param.format('service')}")
     if shape.process_type and selection.process != "any":
         kept.append(PROCESS_ZERO[shape.process_type])
-    if shape.reads_kind:
+    if shape.has_kind:
         kept.append(KIND_SAMPLE)
     return kept
 

@@ -17,7 +17,16 @@ from typing import Any
 from lossspike.checks import CHECK_REASONS
 from lossspike.dialects import literal, validate_table
 from lossspike.overrides import dangling_escape
-from lossspike.rule import ATTEMPTS, DETECTORS, REFERENCES, THRESHOLD_RANGES, Thresholds, threshold_problems
+from lossspike.rule import (
+    ATTEMPTS,
+    BELOW_BASELINE,
+    DETECTORS,
+    REFERENCES,
+    THRESHOLD_RANGES,
+    Thresholds,
+    following_defaults,
+    threshold_problems,
+)
 from lossspike.selection import CHECK_METRICS, Selection
 
 ENV_PREFIX = "LOSSSPIKE_"
@@ -375,6 +384,8 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
         raise ConfigError("; ".join(problems))
 
     groups = {cls: {k: values.pop(k) for k in list(values) if k in names} for cls, names in _GROUPS.items()}
+    # A default never makes a value set explicitly invalid: the windows below the baseline follow it.
+    groups[Thresholds] = following_defaults(groups[Thresholds])
     merged = {f.name: groups[Thresholds].get(f.name, f.default) for f in fields(Thresholds)}
     threshold_messages = threshold_problems(SimpleNamespace(**merged))
     if threshold_messages:
@@ -405,9 +416,12 @@ def load_settings(environ: Mapping[str, str], overrides: Mapping[str, str | None
 
 
 def _name_sources(messages: list[str], sources: dict[str, str]) -> list[str]:
-    """Prefix each threshold message with the variable or flag behind it."""
+    """Prefix each threshold message with the variable or flag behind it: only a value set explicitly
+    is refused, so a window left at its default that the baseline leaves no room for names the baseline."""
     named = []
     for message in messages:
         key = message.split(" ", 1)[0]
+        if key in BELOW_BASELINE and key not in sources and "baseline_minutes" in sources:
+            key = "baseline_minutes"
         named.append(f"{sources.get(key, OPTIONS_BY_KEY[key].env)}: {message}" if key in OPTIONS_BY_KEY else message)
     return named

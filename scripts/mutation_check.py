@@ -852,9 +852,38 @@ MUTANTS = [
     Mutant(
         "beyond seed: a check's row takes the loss row's overrides",
         "lossspike/evaluate.py",
-        "            scoped = finished_policy(phases[i], by_check[check].get(key, plain))",
-        "            scoped = finished_policy(phases[i], policies[i])",
+        "finished_policy(phases[i], by_check[check].get(key, plain), windows_i.last_loss_at)",
+        "finished_policy(phases[i], policies[i], windows_i.last_loss_at)",
         [f"{CHECKS}::test_a_checks_threshold_comes_from_its_scoped_override_row", *CHECK_PROPERTIES],
+    ),
+    # --- issue 36: the read side of real Levanter shapes ---
+    Mutant(
+        "issue 36: a sample's kind is matched case-sensitively",
+        "lossspike/selection.py",
+        "(kind IS NULL OR LOWER(kind) IN (",
+        "(kind IS NULL OR kind IN (",
+        ["tests/test_shapes.py::test_a_sample_kind_in_upper_case_keeps_the_run_watched"],
+    ),
+    Mutant(
+        "issue 36: levanter.metrics' kind is not read",
+        "lossspike/selection.py",
+        "    if shape.has_kind:\n        kept.append(KIND_SAMPLE)",
+        "    if shape.has_kind and shape.has_service:\n        kept.append(KIND_SAMPLE)",
+        ["tests/test_shapes.py::test_a_non_scalar_row_with_a_nan_value_never_pages"],
+    ),
+    Mutant(
+        "issue 36: a run stays finished when losses arrive after its FINISHED row",
+        "lossspike/phase.py",
+        "    return last_loss_at is None or last_loss_at <= state.at",
+        "    return True",
+        ["tests/test_phase.py::test_a_loss_newer_than_the_finished_row_is_judged_and_pages"],
+    ),
+    Mutant(
+        "issue 34: a default that no longer fits stays and refuses the baseline set alone",
+        "lossspike/settings.py",
+        "    groups[Thresholds] = following_defaults(groups[Thresholds])\n",
+        "",
+        ["tests/test_settings.py::test_a_baseline_set_alone_takes_the_defaults_that_must_stay_below_it_along"],
     ),
     # --- issue 27: the edges the property tests rarely draw, each with an example test ---
     Mutant(

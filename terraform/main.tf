@@ -69,11 +69,13 @@ locals {
   window_check = { ok = true }[
     var.recent_minutes < var.baseline_minutes ? "ok" : "recent_minutes must be less than baseline_minutes"
   ]
+  # Only a value set explicitly is checked: a null one is left out of the function's environment,
+  # and the function's default follows the baseline (lossspike/rule.py following_defaults).
   stall_check = { ok = true }[
-    var.stall_minutes < var.baseline_minutes ? "ok" : "stall_minutes must be less than baseline_minutes"
+    var.stall_minutes == null ? "ok" : (var.stall_minutes < var.baseline_minutes ? "ok" : "stall_minutes must be less than baseline_minutes")
   ]
   initializing_check = { ok = true }[
-    var.initializing_minutes < var.baseline_minutes ? "ok" : "initializing_minutes must be less than baseline_minutes"
+    var.initializing_minutes == null ? "ok" : (var.initializing_minutes < var.baseline_minutes ? "ok" : "initializing_minutes must be less than baseline_minutes")
   ]
 
   runbook = var.runbook_url != "" ? var.runbook_url : "docs/runbook.md in the lossspike repository"
@@ -84,6 +86,8 @@ locals {
   # Without the rollup, LOSSSPIKE_ROLLUP_TABLE is left out and the tick runs the raw query.
   function_env = merge(
     length(var.run_ids) > 0 ? { LOSSSPIKE_RUN_IDS = join(",", var.run_ids) } : {},
+    var.stall_minutes != null ? { LOSSSPIKE_STALL_MINUTES = tostring(var.stall_minutes) } : {},
+    var.initializing_minutes != null ? { LOSSSPIKE_INITIALIZING_MINUTES = tostring(var.initializing_minutes) } : {},
     var.rollup_enabled ? { LOSSSPIKE_ROLLUP_TABLE = local.rollup_table_id } : {},
     {
       LOSSSPIKE_BACKEND              = "bigquery"
@@ -102,8 +106,6 @@ locals {
       LOSSSPIKE_MIN_BASELINE_SAMPLES = tostring(var.min_baseline_samples)
       LOSSSPIKE_MIN_RECENT_SAMPLES   = tostring(var.min_recent_samples)
       LOSSSPIKE_REFERENCE            = var.reference
-      LOSSSPIKE_STALL_MINUTES        = tostring(var.stall_minutes)
-      LOSSSPIKE_INITIALIZING_MINUTES = tostring(var.initializing_minutes)
       LOSSSPIKE_PHASE_METRIC         = var.phase_metric
       LOSSSPIKE_METRIC_PREFIX        = var.metric_prefix
       LOSSSPIKE_MAX_BYTES_BILLED     = format("%d", var.max_bytes_billed)

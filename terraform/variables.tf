@@ -297,24 +297,25 @@ variable "reference" {
 }
 
 variable "stall_minutes" {
-  description = "Minutes without a loss sample before a run is stalled and pages; 0 turns the check off. Less than baseline_minutes."
+  description = "Minutes without a loss sample before a run is stalled and pages; 0 turns the check off. Less than baseline_minutes. null (the default): the function's default, 15, or baseline_minutes - 1 where the baseline is shorter (a default never makes another setting invalid)."
   type        = number
-  default     = 15
+  default     = null
 
+  # A conditional, not ||: Terraform evaluates both sides of ||, and a null compared is an error.
   validation {
-    condition     = var.stall_minutes >= 0 && floor(var.stall_minutes) == tonumber(var.stall_minutes)
-    error_message = "The stall_minutes must be a whole number >= 0."
+    condition     = var.stall_minutes == null ? true : (var.stall_minutes >= 0 && floor(var.stall_minutes) == tonumber(var.stall_minutes))
+    error_message = "The stall_minutes must be a whole number >= 0, or null."
   }
 }
 
 variable "initializing_minutes" {
-  description = "Minutes an attempt may publish phase INITIALIZING with no loss before it is stalled and pages (Marin's start-up allowance); 0 turns the check off. Less than baseline_minutes."
+  description = "Minutes an attempt may publish phase INITIALIZING with no loss before it is stalled and pages (Marin's start-up allowance); 0 turns the check off. Less than baseline_minutes. null (the default): the function's default, 45, or baseline_minutes - 1 where the baseline is shorter (a default never makes another setting invalid)."
   type        = number
-  default     = 45
+  default     = null
 
   validation {
-    condition     = var.initializing_minutes >= 0 && floor(var.initializing_minutes) == tonumber(var.initializing_minutes)
-    error_message = "The initializing_minutes must be a whole number >= 0."
+    condition     = var.initializing_minutes == null ? true : (var.initializing_minutes >= 0 && floor(var.initializing_minutes) == tonumber(var.initializing_minutes))
+    error_message = "The initializing_minutes must be a whole number >= 0, or null."
   }
 }
 

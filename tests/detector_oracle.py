@@ -839,7 +839,8 @@ def expect(
             rows = []
             for reason, severity, _, _ in CHECKS:
                 scoped, quiet, scoped_note = policy(list(overrides), cluster, run, now, t0, reason)
-                ended = phase is not None and phase[0] == 2
+                last = windows["last_loss_at"]
+                ended = phase is not None and phase[0] == 2 and (last is None or last <= phase[1])
                 if ended and finished_override(list(overrides), cluster, run, now, reason) is not False:
                     quiet = True
                     scoped_note = with_note(scoped_note, f"the run published FINISHED at {rfc3339(phase[1])}")

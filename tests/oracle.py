@@ -156,7 +156,8 @@ def phase_verdict(
     if phase is None:
         return None, note, False
     value, at, since, losses = phase
-    if value == 2 and finished_row is not False:
+    # A loss newer than the FINISHED row: the run trains again, and is judged.
+    if value == 2 and finished_row is not False and (last_loss_at is None or last_loss_at <= at):
         return None, with_note(note, f"the run published FINISHED at {rfc3339(at)}"), True
     if value == 0 and losses == 0 and "not_finite" not in reasons:
         if t.initializing_minutes and since < now - timedelta(minutes=t.initializing_minutes):

@@ -245,3 +245,17 @@ def test_json_output_is_exactly_what_json_dumps_writes(rows):
     if any(not row for row in rows):
         event("an empty row")
     assert json_array(rows) == json.dumps(rows, indent=2, allow_nan=False)
+
+
+def test_a_shorter_baseline_flag_alone_is_accepted(tmp_path):
+    """--baseline-minutes 30 alone used to fail: initializing_minutes' default 45 must be below it.
+    A default follows the baseline instead (SPEC "Phase"); only a value set explicitly is refused."""
+    db = write_database(tmp_path / "t.duckdb", spiking_fleet())
+    args = ("evaluate", "--database", str(db), "--now", NOW_TEXT, "--format", "json", "--no-write")
+    for flags in (("--baseline-minutes", "30"), ()):
+        env = {} if flags else {"LOSSSPIKE_BASELINE_MINUTES": "30"}
+        result = lossspike(*args, *flags, env=env)
+        assert result.returncode == 0, result.stderr
+        assert {r["run"] for r in json.loads(result.stdout)} == {"hero-flat", "hero-up"}
+    refused = lossspike(*args, "--baseline-minutes", "30", "--initializing-minutes", "45")
+    one_line_error(refused, "--initializing-minutes", "must be less than baseline_minutes (30)")

@@ -95,7 +95,17 @@ def fleet() -> list[Sample]:
     # Two attempts' losses at the same newest instant: the larger UID is judged.
     samples += series("hero-tie", "train_loss", loss, 58, 0.2, 10, uid="attempt-b")
     samples += series("hero-tie", "train_loss", 9.0, 0.2, 0.2, 10, uid="attempt-a")
+    samples += restarted_after_finishing()
     return samples
+
+
+def restarted_after_finishing(run: str = "hero-restarted") -> list[Sample]:
+    """A run that publishes FINISHED 56 minutes ago, then logs 55 more minutes of losses in the same
+    attempt (no phase row: the heartbeat stops after FINISHED, facts section 3), spiking by 1.5 in
+    the last 5 minutes."""
+    samples = series(run, "train_loss", lambda age: loss(age) + (1.5 if age < 5 else 0.0), 58, 0.2, 10)
+    samples += series(run, "phase", 1.0, 58, 57, 60)
+    return [*samples, Sample(NOW - 56 * MINUTE, 2.0, run, name="phase", execution_uid=PROCESS_0)]
 
 
 def by_run(rows: list[dict]) -> dict[str, dict]:
@@ -129,6 +139,34 @@ def test_each_phase_reads_as_spec_says_on_duckdb():
     assert (tasks["reason"], tasks["baseline_samples"] > 300) == ("healthy", True)
     tie = rows["hero-tie"]
     assert (tie["reason"], tie["recent_floor"] < 3.0) == ("healthy", True)
+    restarted = rows["hero-restarted"]
+    assert (restarted["reason"], restarted["value"], restarted["silenced"]) == ("spiking", 1, False)
+
+
+def test_a_loss_newer_than_the_finished_row_is_judged_and_pages():
+    """A run that published FINISHED and then trains on in the same attempt, spiking, stayed
+    silenced as finished; a loss newer than FINISHED means it is training again (fail toward
+    paging), its checks too."""
+    # Its gradient norm over grad_norm_high's limit since the loss spiked.
+    samples = restarted_after_finishing() + series("hero-restarted", "grad_norm_total", 5.0, 5, 0.2, 10)
+    settings = Settings(thresholds=Thresholds(check_pending_minutes=0))
+    rows = rows_for(samples, settings)
+    [row] = [r for r in rows if r["metric"] is None]
+    assert (row["reason"], row["value"], row["silenced"], row["note"]) == ("spiking", 1, False, None)
+    checks = [(r["reason"], r["silenced"]) for r in rows if r["metric"] is not None]
+    assert checks == [("grad_norm_high", False)]
+    assert_matches(rows, expect(samples, NOW, Config(thresholds=settings.thresholds)))
+    # Its losses stop with the FINISHED row (the last step's loss at that instant): finished again.
+    ended = [s for s in samples if s.timestamp <= NOW - 56 * MINUTE]
+    [row] = rows_for(ended, settings, NOW - 50 * MINUTE)
+    assert (row["value"], row["silenced"]) == (0, True)
+    assert row["note"] == f"the run published FINISHED at {at(56)}"
+    store = store_for(samples)
+    ticks = tick_times(NOW - 8 * MINUTE, NOW)
+    [result] = backtest(store, settings, ticks, detail=True)
+    for i, tick in enumerate(ticks):
+        want = [tuple(r[k] for k in ROW_KEYS) for r in evaluate(store, settings, tick)]
+        assert [tuple(r[k] for k in ROW_KEYS) for r in result.rows_at(i)] == want, tick
 
 
 def test_a_run_dying_while_initializing_pages_after_45_minutes_not_before():

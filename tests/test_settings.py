@@ -273,3 +273,50 @@ def test_every_numeric_threshold_has_a_range():
     # A threshold added without a range would be checked by nothing: neither at start nor in an override row.
     numeric = {f.name for f in dataclasses.fields(Thresholds)} - {"reference"}
     assert numeric == set(THRESHOLD_RANGES)
+
+
+# --- a default never makes another setting invalid (SPEC "Phase") -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("baseline", "recent", "stall", "initializing"),
+    [
+        # initializing_minutes' 45 no longer fits: it follows the baseline; the others keep theirs.
+        (30, 5, 15, 29),
+        (46, 5, 15, 45),
+        (45, 5, 15, 44),
+        # stall_minutes' 15 and then recent_minutes' 5 follow it too.
+        (10, 5, 9, 9),
+        (5, 4, 4, 4),
+        (2, 1, 1, 1),
+    ],
+)
+def test_a_baseline_set_alone_takes_the_defaults_that_must_stay_below_it_along(baseline, recent, stall, initializing):
+    from_env = load_settings({"LOSSSPIKE_BASELINE_MINUTES": str(baseline)}).thresholds
+    from_flag = load_settings({}, {"baseline_minutes": str(baseline)}).thresholds
+    for t in (from_env, from_flag):
+        assert (t.baseline_minutes, t.recent_minutes, t.stall_minutes, t.initializing_minutes) == (
+            baseline,
+            recent,
+            stall,
+            initializing,
+        )
+    # A baseline with room for every default leaves them as they are.
+    assert load_settings({"LOSSSPIKE_BASELINE_MINUTES": "90"}).thresholds == Thresholds(baseline_minutes=90)
+
+
+def test_only_a_value_set_explicitly_is_refused():
+    # Set explicitly, a value the baseline has no room for is refused, naming its own variable or flag.
+    with pytest.raises(ConfigError, match=r"^LOSSSPIKE_INITIALIZING_MINUTES: initializing_minutes \(45\) must be less"):
+        load_settings({"LOSSSPIKE_BASELINE_MINUTES": "30", "LOSSSPIKE_INITIALIZING_MINUTES": "45"})
+    with pytest.raises(ConfigError, match=r"^--stall-minutes: stall_minutes \(30\) must be less"):
+        load_settings({}, {"baseline_minutes": "30", "stall_minutes": "30"})
+    # A value set explicitly is kept whatever the others follow.
+    t = load_settings({"LOSSSPIKE_BASELINE_MINUTES": "10", "LOSSSPIKE_STALL_MINUTES": "3"}).thresholds
+    assert (t.stall_minutes, t.initializing_minutes) == (3, 9)
+    # A baseline too short for any recent window is the baseline's fault, and says so.
+    with pytest.raises(ConfigError, match=r"^LOSSSPIKE_BASELINE_MINUTES: recent_minutes \(5\) must be less"):
+        load_settings({"LOSSSPIKE_BASELINE_MINUTES": "1"})
+    # A longer window set against the default baseline is still the window's own fault.
+    with pytest.raises(ConfigError, match=r"^LOSSSPIKE_INITIALIZING_MINUTES: initializing_minutes \(60\)"):
+        load_settings({"LOSSSPIKE_INITIALIZING_MINUTES": "60"})

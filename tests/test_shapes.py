@@ -17,7 +17,7 @@ import pytest
 from conftest import NOW, load_telemetry
 from detector_oracle import Config, assert_matches, expect
 from oracle import Sample
-from shapes import load_duckdb, shaped_rows, whole_ms
+from shapes import SAMPLE_KIND, epoch_ms, load_duckdb, shaped_rows, whole_ms
 from telemetry import telemetry_samples
 
 from lossspike.backtest import backtest
@@ -247,28 +247,66 @@ def test_without_seq_the_tie_goes_to_the_larger_uid_as_before():
     assert reason == "healthy" and baseline > 250 and recent > 1
 
 
-@pytest.mark.parametrize("summaries_apart", [True, False])
-def test_kind_is_read_only_where_a_value_alone_does_not_mark_a_sample(summaries_apart):
-    """levanter.metrics leaves `value` NULL on its summary rows and keeps their numbers in mean,
-    variance, ... (facts 1a, 5.6), so a non-NULL value is a scalar and `kind` costs bytes for
-    nothing; a table with `kind` but no such columns may carry a value on a non-sample row, and
-    there `kind` still decides."""
-    rows = shaped_rows(slow_run(), "levanter.metrics")
-    # A non-sample row with a value beside each sample: counted, it doubles the samples.
-    odd = [{**r, "kind": "histogram", "value": 1000.0, "seq": r["seq"] + 10**6} for r in rows if r["kind"] == "scalar"]
+# --- kind: only scalar (or NULL-kind) rows are samples ------------------------------------------
+
+
+def clean_run(run: str) -> list[Sample]:
+    """A healthy run: its loss and gradient norm every 20 s for the hour, the loss falling gently."""
+    ages = [timedelta(seconds=10 + 20 * k) for k in range(178)]
+    losses = [Sample(NOW - age, 2.0 + 0.001 * k, run) for k, age in enumerate(ages)]
+    return whole_ms(losses + [Sample(NOW - age, 0.3, run, name="grad_norm_total") for age in ages])
+
+
+def non_scalar_rows(samples: list[Sample], shape: str, kind: str = "histogram") -> list[dict]:
+    """`samples` in `shape`, and beside each of the loss's and the gradient norm's rows of the last
+    ten minutes a `kind` row of the same name whose value is NaN: what a loader that fills `value`
+    on a histogram row writes (levanter.metrics leaves it NULL, facts 1a; a table exported from it
+    need not)."""
+    rows = shaped_rows(samples, shape)
+    recent = epoch_ms(NOW - timedelta(minutes=10))
+    odd = [
+        {**r, "kind": kind, "value": math.nan, "seq": r["seq"] + 10**6}
+        for r in rows
+        if r["kind"] == SAMPLE_KIND[shape] and r["timestamp_ms"] >= recent
+    ]
+    return rows + odd
+
+
+def loss_and_checks(rows: list[dict]) -> tuple:
+    """What a user sees of a run: its loss row's reason and value, and every firing check's reason."""
+    [loss] = [r for r in rows if r["metric"] is None]
+    return loss["reason"], loss["value"], sorted(r["reason"] for r in rows if r["metric"] is not None)
+
+
+@pytest.mark.parametrize("kind", ["histogram", "summary", "HISTOGRAM"])
+@pytest.mark.parametrize("shape", REAL_SHAPES)
+def test_a_non_scalar_row_with_a_nan_value_never_pages(shape, kind):
+    """SPEC "Data contracts": only scalar (or NULL-kind) rows are samples, on every shape. A
+    histogram row carrying NaN in the recent window paged `not_finite` (and grad_norm_high) on a
+    run whose scalar losses are clean, on levanter.metrics, whose kind was not read."""
+    samples = clean_run("hero-clean")
     store = DuckDBStore(":memory:")
-    load_duckdb(store.connection, rows + odd, "levanter.metrics")
-    if not summaries_apart:
-        store.connection.execute("ALTER TABLE telemetry DROP COLUMN mean")
-        store.connection.execute("ALTER TABLE telemetry DROP COLUMN variance")
-    shape = store.telemetry_shape()
-    assert shape.reads_kind is not summaries_apart
-    query = loss_window_query(store.dialect, "telemetry", NOW, Thresholds(), Selection(), shape=shape)
-    assert ("kind" in query.sql) is not summaries_apart
-    [row] = [r for r in evaluate(store, Settings(), NOW) if r["metric"] is None]
-    # With summaries apart the odd rows are a broken table's (Finelog never writes them) and count;
-    # without, kind keeps them out and the run reads as its samples do.
-    assert row["baseline_samples"] == (22 if summaries_apart else 11)
+    load_duckdb(store.connection, non_scalar_rows(samples, shape, kind), shape)
+    settings = Settings(thresholds=AT_ONCE)
+    want = loss_and_checks(evaluate(stores(samples)["contract"], settings, NOW))
+    assert want == ("healthy", 0, [])
+    assert loss_and_checks(evaluate(store, settings, NOW)) == want
+    assert_backtest_agrees(store, settings, NOW - timedelta(minutes=3))
+
+
+@pytest.mark.parametrize("kind", ["SCALAR", "Gauge", "GAUGE"])
+def test_a_sample_kind_in_upper_case_keeps_the_run_watched(kind):
+    """A loader that writes kind `SCALAR` (or `GAUGE`) on telemetry_v1 had its runs silently never
+    enrolled: the kind is matched in any case, so the run reads as its samples do."""
+    samples = clean_run("hero-upper")
+    rows = [{**r, "kind": kind} if r["kind"] == "gauge" else r for r in shaped_rows(samples, "telemetry_v1")]
+    store = DuckDBStore(":memory:")
+    load_duckdb(store.connection, rows, "telemetry_v1")
+    settings = Settings(thresholds=AT_ONCE)
+    want = evaluate(stores(samples)["contract"], settings, NOW)
+    assert loss_and_checks(want) == ("healthy", 0, [])
+    assert_same(evaluate(store, settings, NOW), want, kind)
+    assert_backtest_agrees(store, settings, NOW - timedelta(minutes=3))
 
 
 # --- seq breaks every other newest-row tie -------------------------------------------------------

@@ -17,13 +17,17 @@ from datetime import timedelta
 import pytest
 from conftest import NOW, store_with
 from servers import bigquery as bqserver
-from shapes import create_bigquery, insert_bigquery, shaped_rows, whole_ms
+from shapes import SAMPLE_KIND, create_bigquery, insert_bigquery, shaped_rows, whole_ms
 from test_parity_cloud import THRESHOLDS, assert_same_rows, fleet
 from test_shapes import (
+    AT_ONCE,
     PROCESSES,
     TIE_SEQS,
     TIE_SETTINGS,
+    clean_run,
     judged,
+    loss_and_checks,
+    non_scalar_rows,
     seq_tie_rows,
     slow_run,
     smaller_judged,
@@ -118,3 +122,21 @@ def test_seq_breaks_the_phase_check_and_job_ties_on_bigquery_raw_and_from_the_vi
                 assert seen in ("job-old", "job-new"), run
             else:
                 assert seen == want, (run, "view" if view else "raw")
+
+
+@pytest.mark.parametrize("shape", REAL_SHAPES)
+def test_non_scalar_rows_never_page_and_upper_case_kinds_count_on_bigquery_raw_and_from_the_view(emulator, shape):
+    """tests/test_shapes.py's kind cases in one table: a run whose histogram rows carry NaN in the
+    recent window reads healthy (no not_finite, no grad_norm_high), and a run whose samples' kind
+    is upper case is enrolled and healthy, from raw telemetry and from the view."""
+    kind = SAMPLE_KIND[shape]
+    rows = non_scalar_rows(clean_run("hero-histogram"), shape)
+    upper = shaped_rows(clean_run("hero-upper"), shape)
+    rows += [{**r, "kind": kind.upper()} if r["kind"] == kind else r for r in upper]
+    for view in (False, True):
+        settings = _deploy(emulator, shape, rows, view)
+        settings = replace(settings, thresholds=AT_ONCE)
+        got = evaluate(BigQueryStore(settings, emulator), settings, NOW)
+        for run in ("hero-histogram", "hero-upper"):
+            seen = loss_and_checks([r for r in got if r["run"] == run])
+            assert seen == ("healthy", 0, []), (run, "view" if view else "raw")

@@ -119,8 +119,11 @@ def test_stall_minutes_setting_and_its_limits():
         load_settings({"LOSSSPIKE_STALL_MINUTES": "-1"})
     with pytest.raises(ConfigError, match="stall_minutes .60. must be less than baseline_minutes .60."):
         load_settings({"LOSSSPIKE_STALL_MINUTES": "60"})
-    with pytest.raises(ConfigError, match="stall_minutes"):
-        load_settings({"LOSSSPIKE_BASELINE_MINUTES": "10"})  # the default 15 no longer fits
+    # The default 15 no longer fits a 10-minute baseline: it follows it (SPEC "Phase": a default never
+    # makes another setting invalid); set explicitly, it is refused.
+    assert load_settings({"LOSSSPIKE_BASELINE_MINUTES": "10"}).thresholds.stall_minutes == 9
+    with pytest.raises(ConfigError, match="LOSSSPIKE_STALL_MINUTES: stall_minutes .15. must be less"):
+        load_settings({"LOSSSPIKE_BASELINE_MINUTES": "10", "LOSSSPIKE_STALL_MINUTES": "15"})
     with pytest.raises(ValueError, match="stall_minutes"):
         Thresholds(stall_minutes=True)
 

@@ -338,8 +338,9 @@ def test_every_setting_is_a_variable_passed_to_the_function(plan: dict) -> None:
     missing = [o.key for o in OPTIONS if o.key not in NOT_VARIABLES and o.key not in variables]
     assert missing == [], f"settings without a Terraform variable: {missing}"
     # Left out only where unset means the default: no run list, the default checks, a model-specific
-    # limit nobody set.
-    optional = {"run_ids", "checks", *(k for k, v in vars(Thresholds()).items() if v is None)}
+    # limit nobody set, a window whose default follows the baseline.
+    optional = {"run_ids", "checks", "stall_minutes", "initializing_minutes"}
+    optional |= {k for k, v in vars(Thresholds()).items() if v is None}
     absent = {o.key for o in OPTIONS if o.key not in NOT_VARIABLES and o.env not in env}
     assert absent <= optional, absent
 
@@ -358,6 +359,30 @@ def test_empty_run_ids_leave_the_variable_unset(workdir: Path) -> None:
     env = json.loads(json.loads(console.stdout.strip()))
     assert "LOSSSPIKE_RUN_IDS" not in env
     assert load_settings(env).selection.run_ids == ()
+
+
+def test_a_shorter_baseline_alone_plans_and_the_windows_left_unset_follow_it(workdir: Path) -> None:
+    """SPEC "Phase": a setting left at its default never makes another one invalid. baseline_minutes = 30
+    with stall_minutes and initializing_minutes left null plans; they stay out of the function's
+    environment, where the function's defaults follow the baseline (45 becomes 29)."""
+    # A null reaches a variable only through a variable file (-var takes a number).
+    shorter = {"baseline_minutes": 30, "recent_minutes": 5, "stall_minutes": None}
+    (workdir / "shorter.tfvars.json").write_text(json.dumps(shorter))
+    args = ["-var-file=example.tfvars.json", "-var-file=shorter.tfvars.json"]
+    console = subprocess.run(
+        [str(TERRAFORM), "console", *args],
+        cwd=workdir,
+        env=_env(),
+        input="jsonencode(local.function_env)\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert console.returncode == 0, console.stderr
+    env = json.loads(json.loads(console.stdout.strip()))
+    assert "LOSSSPIKE_STALL_MINUTES" not in env and "LOSSSPIKE_INITIALIZING_MINUTES" not in env
+    t = load_settings(env).thresholds
+    assert (t.baseline_minutes, t.stall_minutes, t.initializing_minutes) == (30, 15, 29)
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,7 @@ SELECT
 FROM `${telemetry_table}`
 WHERE timestamp_ms >= UNIX_MILLIS(TIMESTAMP '${since}')
   AND process_index = 0
+  AND (kind IS NULL OR LOWER(kind) IN ('scalar', 'gauge'))
   AND value IS NOT NULL
   AND run_id <> ''
   AND run_id LIKE '${run_pattern}'

@@ -77,6 +77,7 @@ SELECT
   MAX_BY(IF((name = '${metric}' OR name = '${phase_metric}'), COALESCE(seq, 0), NULL), IF((name = '${metric}' OR name = '${phase_metric}'), CONCAT(LPAD(CAST(timestamp_ms AS STRING), 19, '0'), CASE WHEN COALESCE(seq, 0) < 0 THEN CONCAT('0', TRANSLATE(LPAD(CAST(-(LEAST(COALESCE(seq, 0), -1) + 1) AS STRING), 19, '0'), '0123456789', '9876543210')) ELSE CONCAT('1', LPAD(CAST(COALESCE(seq, 0) AS STRING), 19, '0')) END), NULL)) AS choosing_seq
 FROM `${telemetry_table}`
 WHERE timestamp_ms >= UNIX_MILLIS(TIMESTAMP '${since}')
+  AND (kind IS NULL OR LOWER(kind) IN ('scalar', 'gauge'))
   AND value IS NOT NULL
   AND run_id <> ''
   AND run_id LIKE '${run_pattern}'
