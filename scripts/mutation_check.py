@@ -788,15 +788,15 @@ MUTANTS = [
     Mutant(
         "instability: a spike train need not be new for the run",
         "lossspike/detectors.py",
-        "    new = (blocks >= MIN_BLOCKS) & (share <= OWN_SPIKY_SHARE)\n",
-        "    new = blocks >= 0\n",
+        "    return (blocks >= MIN_BLOCKS) & (chance <= NEW_TRAIN_CHANCE)\n",
+        "    return blocks >= 0\n",
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
     ),
     Mutant(
         "instability: the backtest's spike train need not be new for the run",
         "lossspike/grid_detectors.py",
-        "            new = (blocks >= detectors.MIN_BLOCKS) & (share <= detectors.OWN_SPIKY_SHARE)\n",
-        "            new = blocks >= 0\n",
+        "            new = detectors.new_for_run(\n",
+        "            new = True or detectors.new_for_run(\n",
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
     ),
     Mutant(
