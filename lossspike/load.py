@@ -793,7 +793,9 @@ def _shaped(batch: pa.RecordBatch, schema: pa.Schema, fixed: Mapping[str, str | 
         elif name == "process_index":
             array = pa.repeat(pa.scalar("0" if pa.types.is_string(column.type) else 0, column.type), rows)
         elif name == "kind":
-            array = pa.repeat(pa.scalar("scalar" if shape.has_summary_columns else "gauge"), rows)
+            # telemetry_v1 (the shape with a service column) logged tracker values as gauges;
+            # levanter.metrics logs them as scalars. The tick reads both kinds.
+            array = pa.repeat(pa.scalar("gauge" if shape.has_service else "scalar"), rows)
         else:
             array = pa.repeat(pa.scalar(fixed.get(name), pa.string()), rows)
         out.append(array)
