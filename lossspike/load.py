@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder, first_line, format_us
-from lossspike.publish import SERVICE, metric_name
+from lossspike.publish import DUCKDB_COLUMNS, SERVICE, metric_name
 from lossspike.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
 from lossspike.selection import CHECK_METRICS, Selection, metric_names
 
@@ -582,7 +582,7 @@ def load_history(
             problem = f"table {target.description}: no column {', '.join(missing)}"
         if problem:
             raise LoadError(f"{problem} (the target of the load)")
-    shape_columns = columns or _SINK_COLUMNS
+    shape_columns = columns or DUCKDB_COLUMNS
     shape = telemetry_shape(shape_columns)
     report = LoadReport(run=run, target=target.description, created=columns is None)
     start_us = None if start is None else (start - _EPOCH) // timedelta(microseconds=1)
@@ -676,19 +676,6 @@ def _after_marks(batch: pa.RecordBatch, marks: Mapping[tuple[str, str], int]) ->
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MARKS = pa.schema([("execution_uid", pa.string()), ("name", pa.string()), ("mark", pa.int64())])
-# The columns DuckDBSink creates a missing table with (the contract's, process_index and step).
-_SINK_COLUMNS = {
-    "timestamp": "TIMESTAMP WITH TIME ZONE",
-    "service": "VARCHAR",
-    "name": "VARCHAR",
-    "value": "DOUBLE",
-    "cluster": "VARCHAR",
-    "run_id": "VARCHAR",
-    "job_id": "VARCHAR",
-    "execution_uid": "VARCHAR",
-    "process_index": "BIGINT",
-    "step": "BIGINT",
-}
 _NAMED_SCHEMA = pa.schema([*[f for f in LONG_SCHEMA if f.name != "key"], ("name", pa.string())])
 
 
