@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from oracle import Sample  # noqa: E402
+from tiers import QUICK, quick_examples  # noqa: E402
 
 from lossspike.duckdb_store import DuckDBStore  # noqa: E402
 from lossspike.evaluate import evaluate  # noqa: E402
@@ -21,6 +22,21 @@ from lossspike.settings import Settings  # noqa: E402
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The quick tier runs each property test at a share of its examples (tests/tiers.py)."""
+    if not QUICK:
+        return
+    from hypothesis import settings
+
+    for item in items:
+        test = getattr(item, "obj", None)
+        # Hypothesis reads a test's settings from this attribute when the test runs (hypothesis/core.py).
+        current = getattr(test, "_hypothesis_internal_use_settings", None)
+        if current is not None:
+            quick = settings(current, max_examples=quick_examples(current.max_examples))
+            test._hypothesis_internal_use_settings = quick
 
 
 def samples_table(samples: list[Sample]) -> pa.Table:
@@ -66,10 +82,21 @@ def write_database(path: Path, samples: list[Sample]) -> Path:
     return path
 
 
-@pytest.fixture
-def demo_db(tmp_path: Path) -> Path:
+@pytest.fixture(scope="session")
+def demo_db_original(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo fleet written once a session (about a second), for `demo_db` to copy."""
     from lossspike.demo import write_demo_database
 
-    path = tmp_path / "demo.duckdb"
+    path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     write_demo_database(path, NOW)
+    return path
+
+
+@pytest.fixture
+def demo_db(tmp_path: Path, demo_db_original: Path) -> Path:
+    """A copy of the demo fleet of the test's own, which it may write to."""
+    import shutil
+
+    path = tmp_path / "demo.duckdb"
+    shutil.copyfile(demo_db_original, path)
     return path

@@ -36,6 +36,7 @@ import duckdb
 import pytest
 from commandline import lossspike
 from servers import bigquery as bqserver
+from tiers import require_tool
 
 REPO = Path(__file__).resolve().parents[1]
 # Levanter's venv installs lossspike editable from one tree; the tests run the checkout they are in.
@@ -74,6 +75,7 @@ OFFLINE_ENV = {
 
 
 def levanter_python() -> Path:
+    require_tool("the Levanter environment")
     venv = Path(os.environ.get("LOSSSPIKE_LEVANTER_DIR", REPO / ".tools" / "levanter"))
     python = venv / "bin" / "python"
     if not python.exists():

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from commandline import lossspike
 from servers import bigquery as bqserver
+from tiers import QUICK
 
 from lossspike.publish import (
     DUCKDB_COLUMNS,
@@ -677,7 +678,8 @@ sys.exit(3)
 # Rows enough that the flusher is inside DuckDB when the script ends: before the atexit flush this
 # aborted the process (SIGABRT, "FATAL: exception not rethrown") in 5 runs of 8.
 EXIT_STEPS = 20_000
-EXIT_RUNS = 5
+# The quick tier repeats it once, as it runs a share of each property test's examples (tests/tiers.py).
+EXIT_RUNS = 1 if QUICK else 5
 
 
 @pytest.mark.parametrize(("mode", "code"), [("exit", 3), ("raise", 1), ("finish-late", 3)])

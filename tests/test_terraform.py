@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from tiers import require_tool
 
 from lossspike.checks import EVAL_LOOKBACK_MINUTES
 from lossspike.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
@@ -120,6 +121,7 @@ SOURCE_FILES = ["main.py", "requirements.txt", "lossspike/alerts_schema.json"]
 
 
 def _require_tools() -> None:
+    require_tool("the offline Terraform toolchain")
     missing = [str(p) for p in (TERRAFORM, CHECKOV, CLI_CONFIG) if not p.exists()]
     if missing:
         pytest.fail(

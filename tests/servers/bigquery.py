@@ -98,6 +98,9 @@ def bigquery_emulator(project: str = DEFAULT_PROJECT, *, start_timeout: float = 
     ``client_options={"api_endpoint": ...}`` take. The process is stopped
     (SIGTERM, then SIGKILL) on exit.
     """
+    from tiers import require_tool
+
+    require_tool("the BigQuery emulator")
     exe = _require_emulator()
     _require_current_patches()
     venv = emulator_dir()
