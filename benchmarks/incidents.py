@@ -157,8 +157,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from lossspike.schema import telemetry_table_ddl
-from lossspike.times import format_rfc3339
+from lossspike.base.schema import telemetry_table_ddl
+from lossspike.base.times import format_rfc3339
 
 # One shared day: a backtest of it replays every run at once.
 RANGE_START = datetime(2026, 11, 2, tzinfo=UTC)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from lossspike.base.schema import CONTRACT_SHAPE, TelemetryShape
 from lossspike.bucket_sql import (
     LOSS_COLUMNS,
     check_minutes,
@@ -19,7 +20,6 @@ from lossspike.bucket_sql import (
     spread_checks,
 )
 from lossspike.dialects import Dialect, Query, bound_query, instant
-from lossspike.schema import CONTRACT_SHAPE, TelemetryShape
 from lossspike.selection import Selection, attempt_filter, samples_cte
 
 

@@ -24,7 +24,16 @@ from google.api_core.exceptions import GoogleAPICallError, GoogleAPIError, NotFo
 from google.auth.exceptions import GoogleAuthError
 from google.cloud import bigquery
 
-from lossspike.deadline import Deadline
+from lossspike.base.deadline import Deadline
+from lossspike.base.errors import StoreError
+from lossspike.base.schema import (
+    ALERT_COLUMNS,
+    ALERTS_SCHEMA,
+    TelemetryShape,
+    missing_telemetry_columns,
+    telemetry_shape,
+    telemetry_type_problem,
+)
 from lossspike.dialects import BIGQUERY, Query
 from lossspike.overrides import (
     OVERRIDES_SCHEMA,
@@ -35,17 +44,8 @@ from lossspike.overrides import (
     rows_from_arrow,
 )
 from lossspike.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
-from lossspike.schema import (
-    ALERT_COLUMNS,
-    ALERTS_SCHEMA,
-    TelemetryShape,
-    missing_telemetry_columns,
-    telemetry_shape,
-    telemetry_type_problem,
-)
 from lossspike.settings import Settings
 from lossspike.store import TickRead
-from lossspike.store_error import StoreError
 from lossspike.tick_sql import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
 from lossspike.write_sql import append_sql, write_script
 

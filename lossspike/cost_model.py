@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lossspike.base.schema import ALERT_COLUMNS
 from lossspike.bucket_sql import CHECK_PARTS, PHASE_COLUMNS
 from lossspike.rule import DETECTORS
-from lossspike.schema import ALERT_COLUMNS
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -69,7 +69,7 @@ TELEMETRY_BYTES = {
     "job_id": 26,
     "execution_uid": 13,
 }
-# The telemetry columns a tick reads of each row, per table shape (lossspike.schema.SHAPES,
+# The telemetry columns a tick reads of each row, per table shape (lossspike.base.schema.SHAPES,
 # docs/data-contracts.md): the contract's eight where the shape has them (timestamp_ms is 8 B like
 # timestamp; levanter.metrics has no `service`), and the columns that pick the rows that count:
 # process_index (INT64 8 B in levanter.metrics, STRING '0' 3 B in telemetry_v1), kind ('scalar'

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lossspike.base.schema import ALERT_COLUMNS
 from lossspike.cost_model import (
     ALERT_BYTES,
     OVERRIDE_ROW_BYTES,
@@ -28,7 +29,6 @@ from lossspike.cost_model import (
     scanned_minutes,
 )
 from lossspike.dialects import Query
-from lossspike.schema import ALERT_COLUMNS
 
 # Where `price_statement` finds the tables a tick names; only the names differ between deployments.
 _TELEMETRY, _ROLLUP, _ALERTS, _OVERRIDES = (
@@ -233,11 +233,11 @@ def price_statement(
 
 def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[list[Query], dict[str, Any]]:
     """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
+    from lossspike.base.schema import SHAPES
     from lossspike.dialects import BIGQUERY
     from lossspike.evaluate import tick_windows
     from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
     from lossspike.rule import Thresholds
-    from lossspike.schema import SHAPES
     from lossspike.selection import Selection
     from lossspike.settings import Settings
     from lossspike.tick_sql import tick_read_query, window_bounds

@@ -14,10 +14,10 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from lossspike.base.errors import StoreError
+from lossspike.base.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl
 from lossspike.dialects import DUCKDB, quote_table
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow, escape_like, write_duckdb
-from lossspike.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl
-from lossspike.store_error import StoreError
 
 # 90 minutes covers the hour-long baseline with room for a run that started late.
 HISTORY = timedelta(minutes=90)

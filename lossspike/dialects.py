@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from lossspike.base.schema import TelemetryShape
 from lossspike.rule import NON_FINITE_MAGNITUDE
-from lossspike.schema import TelemetryShape
 
 # NaN compares false in both engines, so one comparison also rules out NaN and inf.
 _FINITE = "ABS({0}) < 1e150"

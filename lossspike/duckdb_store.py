@@ -12,10 +12,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from lossspike.deadline import Deadline
-from lossspike.dialects import DUCKDB, Query, quote_table
-from lossspike.overrides import OverrideRow, overrides_table_name, read_duckdb
-from lossspike.schema import (
+from lossspike.base.deadline import Deadline
+from lossspike.base.errors import StoreError
+from lossspike.base.schema import (
     ALERT_COLUMNS,
     ALERTS_SCHEMA,
     TelemetryShape,
@@ -26,9 +25,10 @@ from lossspike.schema import (
     telemetry_shape,
     telemetry_type_problem,
 )
+from lossspike.dialects import DUCKDB, Query, quote_table
+from lossspike.overrides import OverrideRow, overrides_table_name, read_duckdb
 from lossspike.settings import Settings
 from lossspike.store import TickRead
-from lossspike.store_error import StoreError
 from lossspike.tick_sql import TickWindows, tick_read_query
 
 # Times are compared and truncated in UTC whatever the process time zone, which

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lossspike import minutes
+from lossspike.base.deadline import Deadline
 from lossspike.checks import (
     CHECK_MINUTES,
     CHECKS,
@@ -26,7 +27,6 @@ from lossspike.checks import (
     jump_levels_all,
     run_checks_pending,
 )
-from lossspike.deadline import Deadline
 from lossspike.detectors import LIMITS, detect, recent_width
 from lossspike.minutes import Partial, Previous, TickRuns
 from lossspike.overrides import (

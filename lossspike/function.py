@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from lossspike.deadline import Deadline
+from lossspike.base.deadline import Deadline
+from lossspike.base.times import Clock, format_rfc3339, parse_rfc3339, wall_clock, whole_minute
 from lossspike.settings import Settings
 from lossspike.store import Store
 from lossspike.tick import Sink, TickResult, run_tick
-from lossspike.times import Clock, format_rfc3339, parse_rfc3339, wall_clock, whole_minute
 
 SCHEDULE_HEADER = "X-CloudScheduler-ScheduleTime"
 # Scheduler sends POST; GET lets an engineer with invoker rights curl a tick.

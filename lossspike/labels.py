@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lossspike.base.times import format_rfc3339, parse_rfc3339
 from lossspike.render import terminal_safe
-from lossspike.times import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
     from lossspike.backtest_result import Backtest

@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lossspike.base.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
 from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder, first_line, format_us
 from lossspike.publish import DUCKDB_COLUMNS, SERVICE, metric_name
-from lossspike.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
 from lossspike.selection import CHECK_METRICS, Selection, metric_names
 
 # CSV bytes parsed at once: pyarrow reads a few blocks ahead, so larger blocks cost memory, not speed.

@@ -6,9 +6,9 @@ types from there, are not imported back by the module they import.
 
 from __future__ import annotations
 
+from lossspike.base.errors import StoreError
 from lossspike.settings import Settings
 from lossspike.store import Store
-from lossspike.store_error import StoreError
 
 
 def open_store(settings: Settings, read_only: bool = False) -> Store:

@@ -579,7 +579,7 @@ def unusable_rows(rows: Iterable[OverrideRow], now: datetime, base: Thresholds) 
 
 def describe_unusable(row: OverrideRow, problem: str) -> str:
     """One unusable row named by what a person can find it by, and why it is unusable."""
-    from lossspike.times import format_rfc3339
+    from lossspike.base.times import format_rfc3339
 
     created = "unreadable" if row.created_at is None else format_rfc3339(row.created_at)
     cluster = "any" if row.cluster is None else repr(row.cluster)
@@ -698,8 +698,8 @@ def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
     A table whose columns have the wrong types is refused: a row written there
     could not be read back as written.
     """
+    from lossspike.base.errors import StoreError
     from lossspike.dialects import DUCKDB
-    from lossspike.store_error import StoreError
 
     quoted = quote_table(DUCKDB, table)
     connection.execute(overrides_table_ddl(quoted))

@@ -18,6 +18,7 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+from lossspike.base.times import format_rfc3339
 from lossspike.rule import (
     NOT_FINITE,
     PHASE_FINISHED,
@@ -27,7 +28,6 @@ from lossspike.rule import (
     RunPolicy,
     Thresholds,
 )
-from lossspike.times import format_rfc3339
 
 
 class PhaseState(NamedTuple):

@@ -21,6 +21,7 @@ import numpy as np
 from lossspike.backtest import BacktestError, backtest
 from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.backtest_sql import run_samples_query
+from lossspike.base.times import format_rfc3339
 from lossspike.checks import CHECK_REASONS, CHECKS
 from lossspike.report import describe
 from lossspike.rule import (
@@ -40,7 +41,6 @@ from lossspike.rule import (
 )
 from lossspike.settings import Settings
 from lossspike.store import Store
-from lossspike.times import format_rfc3339
 
 # One colour per reason, shared by the shading and the legend.
 REASON_COLOURS = {

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Any, Protocol
 
-from lossspike.schema import TELEMETRY_COLUMNS
+from lossspike.base.schema import TELEMETRY_COLUMNS
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from lossspike.times import format_rfc3339
+from lossspike.base.times import format_rfc3339
 
 FORMATS = ("table", "json", "jsonl")
 # What an on-call engineer reads first; the rest is in JSON and the alerts table.

@@ -8,8 +8,8 @@ from dataclasses import asdict
 from typing import Any
 
 from lossspike.backtest_result import Backtest, Episode
+from lossspike.base.times import format_rfc3339
 from lossspike.rule import SPIKING, Thresholds
-from lossspike.times import format_rfc3339
 
 
 def describe(t: Thresholds) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from lossspike.base.schema import CONTRACT_SHAPE, SHAPES, TelemetryShape
 from lossspike.bucket_sql import (
     EVAL_ROLE,
     JOB_PRESENT,
@@ -20,7 +21,6 @@ from lossspike.bucket_sql import (
     seq_tie_key,
 )
 from lossspike.dialects import BIGQUERY, Dialect, instant, literal, quote_table, validate_table
-from lossspike.schema import CONTRACT_SHAPE, SHAPES, TelemetryShape
 from lossspike.selection import CHECK_METRICS, KIND_SAMPLE, PROCESS_ZERO, Selection, metric_names
 
 # A bucket's key, the view's GROUP BY: the first columns of MINUTE_COLUMNS.

@@ -3,7 +3,7 @@
 Two stores implement it: DuckDB (lossspike.duckdb_store, the embedded default)
 and BigQuery (lossspike.bigquery_store); both import this module, and
 lossspike.open_store, above them, opens the one the settings name. Their error,
-StoreError, sits below in lossspike.store_error: the overrides' own DuckDB write
+StoreError, sits below in lossspike.base.errors: the overrides' own DuckDB write
 raises it, and this module imports the override rows.
 """
 
@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from lossspike.deadline import Deadline
+from lossspike.base.deadline import Deadline
+from lossspike.base.schema import TelemetryShape
 from lossspike.dialects import Dialect, Query
 from lossspike.overrides import OverrideRow
-from lossspike.schema import TelemetryShape
 from lossspike.settings import Settings
 from lossspike.tick_sql import TickWindows
 

@@ -5,7 +5,7 @@ from Cloud Monitoring, nor the other way round. Any failure makes the tick
 report failure (5xx and one ERROR line); the next tick is the retry, and a
 re-run of the same minute reproduces the verdict and writes nothing twice.
 
-The whole tick runs under one Deadline (lossspike.deadline): the query, the
+The whole tick runs under one Deadline (lossspike.base.deadline): the query, the
 alerts write and Monitoring all draw from it, and a sink that could not finish
 in time says so, so an evaluation is never left half written in silence.
 """
@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TextIO
 
+from lossspike.base.deadline import Deadline
+from lossspike.base.times import format_rfc3339
 from lossspike.checks import CHECK_REASONS
-from lossspike.deadline import Deadline
 from lossspike.evaluate import evaluate_tick
 from lossspike.render import jsonable
 from lossspike.rule import REASONS, is_fleet_row
 from lossspike.settings import Settings
 from lossspike.store import Store
-from lossspike.times import format_rfc3339
 
 # A sink takes the tick's rows and its deadline and returns what it did, for the
 # response and the log; {"ok": False, "error": ...} in it reports a partial failure.

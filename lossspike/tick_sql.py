@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from lossspike.base.schema import CONTRACT_SHAPE, TelemetryShape
 from lossspike.bucket_sql import (
     CHECK_PARTS,
     EVAL_ROLE,
@@ -29,7 +30,6 @@ from lossspike.bucket_sql import (
 )
 from lossspike.dialects import BIGQUERY, Dialect, Query, bound_query, instant, quote_table, time_between, time_bound
 from lossspike.rule import Thresholds
-from lossspike.schema import CONTRACT_SHAPE, TelemetryShape
 from lossspike.selection import DENSE_CHECK_METRICS, Selection, attempt_filter, raw_rows, samples_cte, watched_runs
 
 # The parts of a tick's read, each a UNION ALL branch over the minute buckets.

@@ -232,7 +232,7 @@ MUTANTS = [
     ),
     Mutant(
         "DuckDB write stores the floor as the peak",
-        "lossspike/schema.py",
+        "lossspike/base/schema.py",
         "[{k: row[k] for k in ALERT_COLUMNS} for row in rows]",
         '[{k: row["recent_floor" if k == "recent_peak" else k] for k in ALERT_COLUMNS} for row in rows]',
         ["tests/test_properties.py::test_written_alert_rows_match_python_recomputation", "tests/test_cli.py"],

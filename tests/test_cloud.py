@@ -632,7 +632,7 @@ def test_a_tick_without_a_schedule_time_takes_the_current_whole_minute():
 
 
 def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
-    from lossspike.deadline import Deadline
+    from lossspike.base.deadline import Deadline
     from lossspike.demo import write_demo_database
     from lossspike.duckdb_store import DuckDBStore
     from lossspike.settings import Settings

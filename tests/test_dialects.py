@@ -16,6 +16,7 @@ from oracle import Sample, assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
 from lossspike.backtest_sql import bucket_groups_query, run_samples_query
+from lossspike.base.schema import ALERT_COLUMNS, SHAPES
 from lossspike.bigquery_store import OVERRIDE_TYPES
 from lossspike.cost_report import actual_query
 from lossspike.dialects import BIGQUERY, DUCKDB, Query, validate_table
@@ -23,7 +24,6 @@ from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_SCHEMA, overrides_select
 from lossspike.rollup_view import rollup_view_query
 from lossspike.rule import Thresholds
-from lossspike.schema import ALERT_COLUMNS, SHAPES
 from lossspike.selection import Selection
 from lossspike.tick_sql import TICK_READ_TYPES, TickWindows, loss_window_query, tick_read_query, with_rows_of
 from lossspike.write_sql import append_sql, write_script
@@ -98,7 +98,7 @@ BIGQUERY_STATEMENTS: dict[str, Callable[[Selection], Query | str]] = {
 
 
 # The statements that read raw telemetry, built for Levanter's real shapes (timestamp_ms,
-# process_index, kind; lossspike.schema.SHAPES): TIMESTAMP_MILLIS and UNIX_MILLIS are GoogleSQL
+# process_index, kind; lossspike.base.schema.SHAPES): TIMESTAMP_MILLIS and UNIX_MILLIS are GoogleSQL
 # (https://cloud.google.com/bigquery/docs/reference/standard-sql/timestamp_functions).
 for _shape in ("levanter.metrics", "telemetry_v1"):
     _s = SHAPES[_shape]

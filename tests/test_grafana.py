@@ -27,6 +27,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from lossspike import cost_model
+from lossspike.base.times import format_rfc3339
 from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
@@ -34,7 +35,6 @@ from lossspike.evaluate import evaluate
 from lossspike.rule import NOTIFY, PAGING_REASONS, REASONS
 from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.times import format_rfc3339
 
 DASHBOARD_TEXT = (REPO / "grafana" / "dashboard.json").read_text()
 DASHBOARD = json.loads(DASHBOARD_TEXT)

@@ -28,7 +28,7 @@ import pytest
 from conftest import NOW, REPO, write_database
 from oracle import Sample
 
-from lossspike.schema import telemetry_type_problem
+from lossspike.base.schema import telemetry_type_problem
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 HEADER = {"X-CloudScheduler-ScheduleTime": NOW_TEXT}
@@ -1019,8 +1019,8 @@ def test_a_database_from_the_previous_release_takes_check_rows(tmp_path):
 
     import duckdb
 
+    from lossspike.base.schema import telemetry_table_ddl
     from lossspike.duckdb_store import DuckDBStore
-    from lossspike.schema import telemetry_table_ddl
 
     released = json.loads((Path(__file__).parent / "released" / "alerts_schema.json").read_text())
     kinds = {

@@ -21,7 +21,7 @@ import pytest
 from commandline import lossspike, one_line_error
 from shapes import SHAPE_COLUMNS, load_duckdb
 
-from lossspike.schema import telemetry_table_ddl
+from lossspike.base.schema import telemetry_table_ddl
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 RUN = "hero-7b"

@@ -24,12 +24,12 @@ from oracle import Sample, assert_rows_match, expected
 from servers import bigquery as bqserver
 from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 
+from lossspike.base.deadline import Deadline
+from lossspike.base.errors import StoreError
 from lossspike.bigquery_store import BigQueryStore
-from lossspike.deadline import Deadline
 from lossspike.rule import Thresholds, alert_rows
 from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.store_error import StoreError
 from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"

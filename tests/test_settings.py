@@ -210,14 +210,14 @@ def test_a_bad_variable_is_reported_even_when_a_flag_overrides_it():
     ],
 )
 def test_times_outside_the_calendar_we_serve_are_refused(text):
-    from lossspike.times import parse_rfc3339
+    from lossspike.base.times import parse_rfc3339
 
     with pytest.raises(ValueError, match="out of range: times from 1970-01-01T00:00:00Z to before 9000-01-01"):
         parse_rfc3339(text)
 
 
 def test_rfc3339_letters_are_case_insensitive():
-    from lossspike.times import parse_rfc3339
+    from lossspike.base.times import parse_rfc3339
 
     assert parse_rfc3339("2026-11-30t12:00:00z") == parse_rfc3339("2026-11-30T12:00:00Z")
 

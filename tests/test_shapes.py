@@ -23,10 +23,10 @@ from telemetry import telemetry_samples
 from lossspike.backtest import backtest
 from lossspike.backtest_sql import run_samples_query
 from lossspike.backtest_ticks import tick_times
+from lossspike.base.schema import SHAPES
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rule import Thresholds
-from lossspike.schema import SHAPES
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 from lossspike.tick_sql import loss_window_query

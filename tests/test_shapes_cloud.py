@@ -35,10 +35,10 @@ from test_shapes import (
     tie_view,
 )
 
+from lossspike.base.schema import SHAPES
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
 from lossspike.rollup_view import rollup_view_query
-from lossspike.schema import SHAPES
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from tiers import require_tool
 
+from lossspike.base.schema import SHAPES
 from lossspike.checks import EVAL_LOOKBACK_MINUTES
 from lossspike.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
 from lossspike.rule import PAGING_REASONS, Thresholds
-from lossspike.schema import SHAPES
 from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, load_settings
 

@@ -48,7 +48,7 @@ def _load_error() -> type[Exception]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; errors become one line on stderr and a non-zero exit."""
-    from lossspike.store_error import StoreError
+    from lossspike.base.errors import StoreError
 
     try:
         args = build_parser().parse_args(argv)

@@ -9,8 +9,8 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from lossspike.base.times import wall_clock
 from lossspike.settings import ConfigError, load_settings
-from lossspike.times import wall_clock
 
 
 def add_parsers(commands: Any) -> None:
@@ -84,9 +84,9 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 
 def _cost_actual(args: argparse.Namespace) -> int:
+    from lossspike.base.errors import StoreError
     from lossspike.cost_report import actual_query, render_actual
     from lossspike.open_store import open_store
-    from lossspike.store_error import StoreError
 
     settings = load_settings(os.environ)
     if settings.backend != "bigquery":

@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+from lossspike.base.times import parse_rfc3339
 from lossspike.cli.common import command_settings
 from lossspike.settings import ConfigError, default_text
-from lossspike.times import parse_rfc3339
 
 
 def add_parsers(commands: Any) -> None:

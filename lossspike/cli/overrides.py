@@ -10,10 +10,10 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lossspike.base.times import format_rfc3339, parse_rfc3339
 from lossspike.cli.common import tick_now
 from lossspike.overrides import THRESHOLD_COLUMNS
 from lossspike.settings import OPTIONS, ConfigError, default_text, load_settings
-from lossspike.times import format_rfc3339, parse_rfc3339
 
 # The thresholds a team may set per run (lossspike.overrides.THRESHOLD_COLUMNS).
 # Every per-run threshold: the override table's threshold columns (lossspike.overrides).
@@ -99,7 +99,7 @@ class _OverrideTable:
         self.account: str | None = None
         if self.settings.backend == "bigquery":
             from lossspike import overrides
-            from lossspike.store_error import StoreError
+            from lossspike.base.errors import StoreError
 
             try:
                 self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
@@ -123,7 +123,7 @@ class _OverrideTable:
 
     def insert(self, row: Any) -> None:
         from lossspike import overrides
-        from lossspike.store_error import StoreError
+        from lossspike.base.errors import StoreError
 
         if self.client is None:
             try:
@@ -190,9 +190,9 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 
 
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
+    from lossspike.base.errors import StoreError
     from lossspike.overrides import matches
     from lossspike.render import terminal_safe
-    from lossspike.store_error import StoreError
 
     table.insert(row)
     sys.stdout.write(terminal_safe(f"wrote to {table.where()}: {_describe_override(row)}") + "\n")

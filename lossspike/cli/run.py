@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from lossspike.base.times import format_rfc3339
 from lossspike.cli.common import add_now, add_rule_flags, command_settings, tick_now
 from lossspike.settings import OPTIONS, default_text, load_settings
-from lossspike.times import format_rfc3339
 
 # The demo keeps its synthetic fleet out of the user's own database.
 DEMO_DATABASE = "lossspike-demo.duckdb"
@@ -119,9 +119,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sql(args: argparse.Namespace) -> int:
+    from lossspike.base.schema import SHAPES
     from lossspike.dialects import DIALECTS
     from lossspike.evaluate import tick_windows
-    from lossspike.schema import SHAPES
     from lossspike.tick_sql import tick_read_query
 
     settings = command_settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)

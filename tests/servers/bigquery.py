@@ -246,7 +246,7 @@ def create_lossspike_tables(client, telemetry: str, alerts: str) -> None:
     """The telemetry table (SPEC's contract) and the alerts table (DAY-partitioned), as Terraform makes them."""
     from google.cloud import bigquery
 
-    from lossspike.schema import ALERTS_SCHEMA
+    from lossspike.base.schema import ALERTS_SCHEMA
 
     telemetry_schema = [bigquery.SchemaField(name, kind) for name, kind in TELEMETRY_SCHEMA_FIELDS]
     for table in (telemetry, alerts):

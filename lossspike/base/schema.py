@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-ALERTS_SCHEMA_PATH = Path(__file__).with_name("alerts_schema.json")
+# The JSON sits at the package root, where Terraform and the function source read it too.
+ALERTS_SCHEMA_PATH = Path(__file__).parent.parent / "alerts_schema.json"
 ALERTS_SCHEMA: list[dict[str, str]] = json.loads(ALERTS_SCHEMA_PATH.read_text())
 ALERT_COLUMNS = tuple(column["name"] for column in ALERTS_SCHEMA)
 
