@@ -42,7 +42,7 @@ from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import telemetry_table_ddl
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import REASONS
+from lossspike.rules.rule import REASONS
 from lossspike.settings import Settings
 
 DAY_START = datetime(2026, 11, 29, tzinfo=UTC)

@@ -19,7 +19,7 @@ import numpy as np
 
 from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.labels import parse_labels, score_labels
-from lossspike.rule import REASONS, SPIKING, Thresholds
+from lossspike.rules.rule import REASONS, SPIKING, Thresholds
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
 TICKS = 24 * 60

@@ -25,7 +25,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from lossspike.overrides import OverrideRow, escape_like, run_policies
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 TARGET_SECONDS = 1.0

@@ -6,12 +6,12 @@ same buckets the BigQuery tick reads from its rollup view); the minute layer
 with Chan's pairwise update. Ticks are whole minutes, as Cloud Scheduler fires
 them, and both windows are whole minutes long, so every window is a union of
 whole buckets and holds exactly the samples `evaluate` would have read at that
-tick. The verdict is `lossspike.rule.loss_spike_reason`'s, computed over every run
+tick. The verdict is `lossspike.rules.rule.loss_spike_reason`'s, computed over every run
 and tick at once by its array twin `loss_spike_codes` (property-tested equal to it),
 and the detectors are lossspike.detectors' own functions, run only where they can
 change a verdict: the backtest reduces data differently, it never judges differently.
 The run-health checks are replayed the same way: a second query reads the check
-metrics' buckets, and `lossspike.checks.run_checks` judges each tick's (`CheckReplay`).
+metrics' buckets, and `lossspike.rules.checks.run_checks` judges each tick's (`CheckReplay`).
 
 This module is the entry point (`backtest`) and the engine that ties the parts together, one
 chunk of runs at a time: the ticks and the overrides in force (lossspike.backtest_ticks), the
@@ -37,13 +37,13 @@ from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.backtest_sql import bucket_groups_query
 from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.check_replay import CheckReplay, read_checks
-from lossspike.checks import LOSS_JUMP
 from lossspike.evaluate import checks_in_force
 from lossspike.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
 from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow
-from lossspike.phase import PhaseState, finished_policy, loss_verdict
-from lossspike.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
+from lossspike.rules.checks import LOSS_JUMP
+from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
+from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
 from lossspike.seed_verdicts import CODES, Verdicts, seed_verdicts
 from lossspike.selection import metric_names
 from lossspike.settings import Settings
@@ -145,7 +145,7 @@ def _histories(
 
     Grids are per attempt (one per run with attempts='all'): at each tick a run is judged
     on the attempt of its newest loss or phase row of the hour, as the tick's read chooses it,
-    and its phase read as the tick reads it (lossspike.phase).
+    and its phase read as the tick reads it (lossspike.rules.phase).
     """
     if buckets.num_rows == 0:
         return []
@@ -244,7 +244,7 @@ def _apply_phases(
     row: int,
     ticks: list[datetime],
 ) -> None:
-    """The phase's verdict (lossspike.phase, the tick's own function) at every tick of one run
+    """The phase's verdict (lossspike.rules.phase, the tick's own function) at every tick of one run
     where its judged attempt has phase rows: reason, silence and, with detail, the note."""
     assert history.silenced is not None
     for tick, state in states.items():

@@ -19,8 +19,8 @@ import pyarrow as pa
 from lossspike import minutes
 from lossspike.backtest_grid import window_sum
 from lossspike.backtest_ticks import minute_index
-from lossspike.phase import PhaseState
-from lossspike.rule import Thresholds
+from lossspike.rules.phase import PhaseState
+from lossspike.rules.rule import Thresholds
 
 
 def attempt_keys(

@@ -14,7 +14,7 @@ import numpy as np
 
 from lossspike import minutes
 from lossspike.minutes import Partial
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 
 
 def run_grids(

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from lossspike.checks import CHECK_REASONS, CHECKS, Fired
 from lossspike.evaluate import check_row
-from lossspike.rule import (
+from lossspike.rules.checks import CHECK_REASONS, CHECKS, Fired
+from lossspike.rules.rule import (
     DETECTORS,
     NOTIFY,
     PAGE,
@@ -127,7 +127,7 @@ class Backtest:
                 if history.observed is not None and history.limits is not None:
                     row.update(observed=float(history.observed[tick]), threshold=float(history.limits[tick]))
             elif reason is not None and reason != row["reason"]:
-                # The phase's verdict (lossspike.phase): warming_up or stalled over the windows' reason.
+                # The phase's verdict (lossspike.rules.phase): warming_up or stalled over the windows' reason.
                 pages = reason in PAGING_REASONS
                 row.update(reason=reason, value=int(pages and not row["silenced"]), severity=PAGE if pages else "")
         if not any(h.checks for h in self.runs):

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from lossspike.base.times import format_rfc3339
 from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches, resolve
-from lossspike.rule import RunPolicy, Thresholds
+from lossspike.rules.rule import RunPolicy, Thresholds
 
 # A month of minutes is a few million (run, tick) verdicts; beyond that, split the range.
 MAX_RANGE = timedelta(days=31)

@@ -22,7 +22,9 @@ from lossspike.backtest_attempts import NO_ATTEMPT, newest_attempts
 from lossspike.backtest_result import RunHistory
 from lossspike.backtest_sql import check_buckets_query
 from lossspike.backtest_ticks import minute_index, policies_in_force
-from lossspike.checks import (
+from lossspike.minutes import Partial
+from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches
+from lossspike.rules.checks import (
     CHECK_MINUTES,
     EVAL_LOOKBACK_MINUTES,
     EVAL_REGRESSED,
@@ -34,9 +36,7 @@ from lossspike.checks import (
     jump_levels,
     run_checks_pending,
 )
-from lossspike.minutes import Partial
-from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches
-from lossspike.rule import HEALTHY, REASONS, RunPolicy, Thresholds
+from lossspike.rules.rule import HEALTHY, REASONS, RunPolicy, Thresholds
 from lossspike.seed_verdicts import CODES
 from lossspike.selection import CHECK_METRICS
 from lossspike.settings import Settings

@@ -33,7 +33,7 @@ from typing import Any
 
 from lossspike.base.schema import ALERT_COLUMNS
 from lossspike.bucket_sql import CHECK_PARTS, PHASE_COLUMNS
-from lossspike.rule import DETECTORS
+from lossspike.rules.rule import DETECTORS
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25

@@ -237,7 +237,7 @@ def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[l
     from lossspike.dialects import BIGQUERY
     from lossspike.evaluate import tick_windows
     from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
-    from lossspike.rule import Thresholds
+    from lossspike.rules.rule import Thresholds
     from lossspike.selection import Selection
     from lossspike.settings import Settings
     from lossspike.tick_sql import tick_read_query, window_bounds

@@ -46,9 +46,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lossspike.median import median
 from lossspike.minutes import Partial, Previous
-from lossspike.rule import (
+from lossspike.rules.median import median
+from lossspike.rules.rule import (
     INSTABILITY,
     LEVEL_SHIFT,
     MIN_DETECTOR_BASELINE_MINUTES,

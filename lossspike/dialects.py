@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from lossspike.base.schema import TelemetryShape
-from lossspike.rule import NON_FINITE_MAGNITUDE
+from lossspike.rules.rule import NON_FINITE_MAGNITUDE
 
 # NaN compares false in both engines, so one comparison also rules out NaN and inf.
 _FINITE = "ABS({0}) < 1e150"

@@ -3,7 +3,7 @@
 The layers read one way: the command line and the function call `evaluate`; it asks
 a store (lossspike.store) for one read; the store runs SQL built by lossspike.tick_sql;
 the minute layer (lossspike.minutes) turns the buckets into per-run arrays; the seed
-rule (lossspike.rule), the detectors and the checks judge them.
+rule (lossspike.rules.rule), the detectors and the checks judge them.
 """
 
 from __future__ import annotations
@@ -16,17 +16,6 @@ import numpy as np
 
 from lossspike import minutes
 from lossspike.base.deadline import Deadline
-from lossspike.checks import (
-    CHECK_MINUTES,
-    CHECKS,
-    EVAL_LOOKBACK_MINUTES,
-    EVAL_REGRESSED,
-    LOSS_JUMP,
-    CheckData,
-    enabled_checks,
-    jump_levels_all,
-    run_checks_pending,
-)
 from lossspike.detectors import LIMITS, detect, recent_width
 from lossspike.minutes import Partial, Previous, TickRuns
 from lossspike.overrides import (
@@ -37,8 +26,19 @@ from lossspike.overrides import (
     unusable_rows,
     unusable_summary,
 )
-from lossspike.phase import finished_policy, loss_verdict
-from lossspike.rule import (
+from lossspike.rules.checks import (
+    CHECK_MINUTES,
+    CHECKS,
+    EVAL_LOOKBACK_MINUTES,
+    EVAL_REGRESSED,
+    LOSS_JUMP,
+    CheckData,
+    enabled_checks,
+    jump_levels_all,
+    run_checks_pending,
+)
+from lossspike.rules.phase import finished_policy, loss_verdict
+from lossspike.rules.rule import (
     HEALTHY,
     INSTABILITY,
     PAGING_REASONS,

@@ -17,7 +17,7 @@ import numpy as np
 from lossspike import detectors, minutes
 from lossspike.backtest_result import RunHistory
 from lossspike.minutes import Partial
-from lossspike.rule import (
+from lossspike.rules.rule import (
     DETECTORS,
     HEALTHY,
     INSTABILITY,

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from lossspike.bucket_sql import PHASE_COLUMNS
-from lossspike.checks import EvalSeries, MetricSeries
-from lossspike.phase import PhaseState
+from lossspike.rules.checks import EvalSeries, MetricSeries
+from lossspike.rules.phase import PhaseState
 from lossspike.selection import DENSE_CHECK_METRICS
 from lossspike.tick_sql import HISTORY_BLOCK_MINUTES, PENDING_PART
 
@@ -283,7 +283,7 @@ class TickRuns(NamedTuple):
     # the `loss_before` minutes before the hour, then the hour's (inf and 0 without a finite loss).
     floors: np.ndarray
     floor_counts: np.ndarray
-    # The newest attempt's phase in the hour, per run (lossspike.phase judges it; None without).
+    # The newest attempt's phase in the hour, per run (lossspike.rules.phase judges it; None without).
     phases: list[PhaseState | None] | None = None
     # Instability's test of the run's own excursions: the history blocks' peaks, (runs, blocks).
     history_peak: np.ndarray | None = None

@@ -38,7 +38,7 @@ from google.api_core.retry import Retry, if_exception_type
 from google.cloud import monitoring_v3
 
 from lossspike.base.deadline import Deadline
-from lossspike.rule import NOTIFY, PAGE, is_fleet_row
+from lossspike.rules.rule import NOTIFY, PAGE, is_fleet_row
 from lossspike.settings import Settings
 
 # Limits from https://cloud.google.com/monitoring/quotas ("User-defined metrics"):

@@ -40,9 +40,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from lossspike.checks import CHECK_REASONS
 from lossspike.dialects import Dialect, quote_table, validate_table
-from lossspike.rule import RunPolicy, Thresholds, threshold_problems
+from lossspike.rules.checks import CHECK_REASONS
+from lossspike.rules.rule import RunPolicy, Thresholds, threshold_problems
 
 OVERRIDES_TABLE = "loss_spike_overrides"
 OVERRIDES_SCHEMA_PATH = Path(__file__).with_name("overrides_schema.json")

@@ -22,9 +22,9 @@ from lossspike.backtest import BacktestError, backtest
 from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.backtest_sql import run_samples_query
 from lossspike.base.times import format_rfc3339
-from lossspike.checks import CHECK_REASONS, CHECKS
 from lossspike.report import describe
-from lossspike.rule import (
+from lossspike.rules.checks import CHECK_REASONS, CHECKS
+from lossspike.rules.rule import (
     INSTABILITY,
     LEVEL_SHIFT,
     NON_FINITE_MAGNITUDE,

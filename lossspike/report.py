@@ -9,7 +9,7 @@ from typing import Any
 
 from lossspike.backtest_result import Backtest, Episode
 from lossspike.base.times import format_rfc3339
-from lossspike.rule import SPIKING, Thresholds
+from lossspike.rules.rule import SPIKING, Thresholds
 
 
 def describe(t: Thresholds) -> str:

@@ -52,7 +52,7 @@ class Selection:
     run_pattern: str = "hero-%"
     run_ids: tuple[str, ...] = ()
     # Levanter's phase metric (0 initializing, 1 training, 2 finished): with the loss, it picks
-    # a run's attempt, and it says a run finished or is still starting (lossspike.phase).
+    # a run's attempt, and it says a run finished or is still starting (lossspike.rules.phase).
     phase_metric: str = "phase"
     # Attempts to narrow both windows to; empty means every attempt.
     execution_uids: tuple[str, ...] = ()

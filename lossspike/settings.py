@@ -14,10 +14,10 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
-from lossspike.checks import CHECK_REASONS
 from lossspike.dialects import literal, validate_table
 from lossspike.overrides import dangling_escape
-from lossspike.rule import (
+from lossspike.rules.checks import CHECK_REASONS
+from lossspike.rules.rule import (
     ATTEMPTS,
     BELOW_BASELINE,
     DETECTORS,

@@ -23,10 +23,10 @@ from typing import Any, TextIO
 
 from lossspike.base.deadline import Deadline
 from lossspike.base.times import format_rfc3339
-from lossspike.checks import CHECK_REASONS
 from lossspike.evaluate import evaluate_tick
 from lossspike.render import jsonable
-from lossspike.rule import REASONS, is_fleet_row
+from lossspike.rules.checks import CHECK_REASONS
+from lossspike.rules.rule import REASONS, is_fleet_row
 from lossspike.settings import Settings
 from lossspike.store import Store
 

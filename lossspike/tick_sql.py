@@ -29,7 +29,7 @@ from lossspike.bucket_sql import (
     spread_checks,
 )
 from lossspike.dialects import BIGQUERY, Dialect, Query, bound_query, instant, quote_table, time_between, time_bound
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import DENSE_CHECK_METRICS, Selection, attempt_filter, raw_rows, samples_cte, watched_runs
 
 # The parts of a tick's read, each a UNION ALL branch over the minute buckets.

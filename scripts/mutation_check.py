@@ -68,7 +68,7 @@ MUTANTS = [
     # --- the checks' pending period and loss_jump's levels (issue 24) ---
     Mutant(
         "pending: one tick fewer than the period",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "for k in range(1, thresholds.check_pending_minutes + 1):",
         "for k in range(1, thresholds.check_pending_minutes):",
         [f"{CHECKS}::test_a_check_fires_when_its_condition_held_at_every_tick_of_the_period_and_not_one_fewer"],
@@ -104,7 +104,7 @@ MUTANTS = [
     ),
     Mutant(
         "loss_jump: the baseline level is its lowest minute floor",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "return median(kept[..., split:]), median(kept[..., :split])",
         "return median(kept[..., split:]), np.nanmin(kept[..., :split], axis=-1)",
         [f"{CHECKS}::test_loss_jump_is_not_set_off_by_one_easy_batch_in_the_baseline", *CHECK_PROPERTIES],
@@ -112,7 +112,7 @@ MUTANTS = [
     # --- the issue's bugs ---
     Mutant(
         "rule: >= for > (equality pages)",
-        "lossspike/rule.py",
+        "lossspike/rules/rule.py",
         "floor is not None and floor > limit:",
         "floor is not None and floor >= limit:",
         [*PROPERTIES, "tests/test_rule.py", "tests/test_backtest.py::test_backtest_judged_runs_match_the_oracle"],
@@ -165,7 +165,7 @@ MUTANTS = [
     ),
     Mutant(
         "NaN while warming up reported as warming_up",
-        "lossspike/rule.py",
+        "lossspike/rules/rule.py",
         "    if windows.recent_not_finite > 0:\n        return NOT_FINITE, 1\n",
         "    if windows.recent_not_finite > 0 and windows.baseline_samples >= thresholds.min_baseline_samples:\n"
         "        return NOT_FINITE, 1\n",
@@ -218,7 +218,7 @@ MUTANTS = [
     ),
     Mutant(
         "the detectors' median takes the lower middle value",
-        "lossspike/median.py",
+        "lossspike/rules/median.py",
         "return ((low + high) / 2.0)[..., 0]",
         "return low[..., 0]",
         [f"{DETECTORS}::test_the_detectors_median_is_nanmedian_bit_for_bit", *DETECTOR_PROPERTIES],
@@ -246,7 +246,7 @@ MUTANTS = [
     ),
     Mutant(
         "band ignores min_rise when sigma gives more (sum instead of max)",
-        "lossspike/rule.py",
+        "lossspike/rules/rule.py",
         "return level + max(thresholds.min_rise, thresholds.sigma * spread)",
         "return level + thresholds.min_rise + thresholds.sigma * spread",
         [*PROPERTIES, "tests/test_rule.py"],
@@ -376,7 +376,7 @@ MUTANTS = [
     ),
     Mutant(
         "backtest checks: a stale evaluation is fresh",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "self.at[hi - 1] < end - EVAL_FRESH_MINUTES * MICROS_PER_MINUTE",
         "self.at[hi - 1] < end - 2 * EVAL_FRESH_MINUTES * MICROS_PER_MINUTE",
         [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", BACKTEST_CHECKS],
@@ -437,7 +437,7 @@ MUTANTS = [
     # --- issue 25: thresholds that parse but cannot work, unknown reasons, labels files ---
     Mutant(
         "issue 25: a skipped-steps limit of 0 is accepted",
-        "lossspike/rule.py",
+        "lossspike/rules/rule.py",
         '"skipped_steps_limit": Range(\n        low=1,',
         '"skipped_steps_limit": Range(\n        low=0,',
         [
@@ -678,91 +678,91 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: a check metric's newest value is its oldest minute's",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "return MetricMinutes(self.finite[lo:hi], self.sums[lo:hi], self.last[hi - 1], newest_finite)",
         "return MetricMinutes(self.finite[lo:hi], self.sums[lo:hi], self.last[lo], newest_finite)",
         [f"{CHECKS}::test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: grad_norm_high ignores a non-finite newest value",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "        if _bad(metric.last) or metric.last > limit:",
         "        if metric.last > limit:",
         [f"{CHECKS}::test_a_non_finite_gradient_norm_pages_and_a_stale_one_does_not", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: steps_skipped needs more than the limit",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    if episodes >= limit:",
         "    if episodes > limit:",
         [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
     ),
     Mutant(
         "steps_skipped: counts skipped steps again, not episodes",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    episodes = skip_episode_starts(metric.finite, metric.sums)",
         "    episodes = int(sum(metric.sums))",
         [f"{CHECKS}::test_one_burst_of_skipped_steps_of_any_size_is_one_episode_and_no_page", SKIP_PROPERTIES],
     ),
     Mutant(
         "steps_skipped: a minute with only non-finite values splits an episode",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "        if count:\n            if total > 0 and not skipping:",
         "        if True:\n            if total > 0 and not skipping:",
         [f"{CHECKS}::test_minutes_without_a_skipped_step_value_neither_split_nor_extend_an_episode"],
     ),
     Mutant(
         "steps_skipped: an episode under way when the window opens is not counted",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    starts, skipping = 0, False",
         "    starts, skipping = 0, True",
         [f"{CHECKS}::test_an_episode_under_way_when_the_window_opens_counts_once", SKIP_PROPERTIES],
     ),
     Mutant(
         "beyond seed: eval_regressed on a stale evaluation",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "if hi <= lo or self.at[hi - 1] < end - EVAL_FRESH_MINUTES * MICROS_PER_MINUTE:",
         "if hi <= lo:",
         [f"{CHECKS}::test_an_evaluation_older_than_thirty_minutes_says_nothing", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: throughput_low observes the mean of the minute means",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "        return Fired(reason, CHECKS[reason][0], data.names[key], _median(means), floor)",
         "        return Fired(reason, CHECKS[reason][0], data.names[key], sum(means) / len(means), floor)",
         [f"{CHECKS}::test_throughput_below_its_floor_in_most_minutes_notifies_with_the_median", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: token_drops reads a non-finite newest value",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    value = metric.last_finite\n",
         "    value = metric.last\n",
         [f"{CHECKS}::test_notify_checks_read_the_newest_finite_value_of_each_metric", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: router_bias reads the upper bound only",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         '        for key in ("router_bias_max", "router_bias_min")',
         '        for key in ("router_bias_max",)',
         [f"{CHECKS}::test_notify_checks_read_the_newest_finite_value_of_each_metric", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: router_entropy fires above the limit",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    if metric.last_finite < limit:",
         "    if metric.last_finite > limit:",
         [f"{CHECKS}::test_notify_checks_read_the_newest_finite_value_of_each_metric", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: loss_jump fires beside any loss reason",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    if loss_reason != HEALTHY or data.jump is None:",
         "    if data.jump is None:",
         [f"{CHECKS}::test_loss_jump_fires_beside_a_healthy_loss_row_only", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: eval_regressed fires on an evaluation equal to the one before",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "    if newest > before:\n        return Fired(EVAL_REGRESSED",
         "    if newest >= before:\n        return Fired(EVAL_REGRESSED",
         [f"{CHECKS}::test_an_evaluation_no_worse_than_the_one_before_says_nothing", *CHECK_PROPERTIES],
@@ -873,7 +873,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 36: a run stays finished when losses arrive after its FINISHED row",
-        "lossspike/phase.py",
+        "lossspike/rules/phase.py",
         "    return last_loss_at is None or last_loss_at <= state.at",
         "    return True",
         ["tests/test_phase.py::test_a_loss_newer_than_the_finished_row_is_judged_and_pages"],
@@ -909,7 +909,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: throughput_low and mfu_low fire at half the minutes below the floor",
-        "lossspike/checks.py",
+        "lossspike/rules/checks.py",
         "if sum(m < floor for m in means) * 2 > len(means):",
         "if sum(m < floor for m in means) * 2 >= len(means):",
         [f"{CHECKS}::test_half_the_minutes_below_the_floor_is_not_most_of_them"],

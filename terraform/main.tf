@@ -26,7 +26,7 @@ locals {
   rollup_run_pattern = length(var.run_ids) > 0 ? "%" : var.run_pattern
   # The view's lower bound, fixed when it is (re)built: an hour before the longest horizon the
   # first tick reads (the baseline, the slow-divergence horizon, the evaluation loss's day:
-  # lossspike.checks.EVAL_LOOKBACK_MINUTES), so no check or detector is blind after a rebuild.
+  # lossspike.rules.checks.EVAL_LOOKBACK_MINUTES), so no check or detector is blind after a rebuild.
   # Without the rollup there is no build time and no bound.
   rollup_horizon_minutes = max(var.baseline_minutes, var.divergence_minutes, 24 * 60)
   rollup_since = var.rollup_since != "" ? var.rollup_since : try(formatdate(
@@ -70,7 +70,7 @@ locals {
     var.recent_minutes < var.baseline_minutes ? "ok" : "recent_minutes must be less than baseline_minutes"
   ]
   # Only a value set explicitly is checked: a null one is left out of the function's environment,
-  # and the function's default follows the baseline (lossspike/rule.py following_defaults).
+  # and the function's default follows the baseline (lossspike/rules/rule.py following_defaults).
   stall_check = { ok = true }[
     var.stall_minutes == null ? "ok" : (var.stall_minutes < var.baseline_minutes ? "ok" : "stall_minutes must be less than baseline_minutes")
   ]

@@ -530,7 +530,7 @@ variable "throughput_floor" {
   type        = number
   default     = null
 
-  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # lossspike/rules/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
   # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
   validation {
     condition     = var.throughput_floor == null ? true : (var.throughput_floor > 0)
@@ -543,7 +543,7 @@ variable "mfu_floor" {
   type        = number
   default     = null
 
-  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # lossspike/rules/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
   # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
   validation {
     condition     = var.mfu_floor == null ? true : (var.mfu_floor > 0 && var.mfu_floor <= 100)
@@ -556,7 +556,7 @@ variable "token_drop_limit" {
   type        = number
   default     = null
 
-  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # lossspike/rules/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
   # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
   validation {
     condition     = var.token_drop_limit == null ? true : (var.token_drop_limit >= 0 && var.token_drop_limit < 1)
@@ -569,7 +569,7 @@ variable "router_entropy_limit" {
   type        = number
   default     = null
 
-  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # lossspike/rules/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
   # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
   validation {
     condition     = var.router_entropy_limit == null ? true : (var.router_entropy_limit > 0)
@@ -582,7 +582,7 @@ variable "router_bias_limit" {
   type        = number
   default     = null
 
-  # lossspike/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
+  # lossspike/rules/rule.py's THRESHOLD_RANGES. A conditional, not ||: Terraform evaluates both sides of ||, and a null
   # compared is an error (github.com/cloudposse-terraform-components/aws-aurora-postgres/releases/tag/v2.2.0).
   validation {
     condition     = var.router_bias_limit == null ? true : (var.router_bias_limit >= 0)

@@ -3,7 +3,7 @@
 Written from lossspike/detectors.py's module docstring (and docs/rule-and-detectors.md's definitions),
 SPEC.md's "Beyond the seed rule" and "Run health beyond loss", independently of the
 product: lists, `statistics.median` and `math.fsum` over raw samples, no numpy, and no
-import of lossspike.detectors, lossspike.evaluate, lossspike.minutes or lossspike.checks.
+import of lossspike.detectors, lossspike.evaluate, lossspike.minutes or lossspike.rules.checks.
 It imports only value objects (Thresholds, Selection, OverrideRow) and tests/oracle.py's
 Sample and LIKE, so a bug in the product's minute layer cannot sit on both sides.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from oracle import Sample, escaped_like, like, phase_of, phase_verdict, rfc3339, with_note
 
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 
 # SPEC.md: NaN, +-inf and magnitudes of at least 1e150 are non-finite.

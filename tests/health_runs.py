@@ -21,7 +21,7 @@ from incidents import falling_run
 from oracle import Sample
 
 from lossspike.overrides import OverrideRow
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 
 # Thresholds that turn every check on (the model-specific ones need one); the values are Marin's.
 ALL_LIMITS = Thresholds(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 
 # SPEC.md: a value is non-finite when NaN, +-inf or of magnitude at least 1e150.
@@ -61,7 +61,7 @@ class Row(dict):
 
 
 def finite(value: float) -> bool:
-    """SPEC.md's finiteness, written out here on purpose (not lossspike.rule.is_finite)."""
+    """SPEC.md's finiteness, written out here on purpose (not lossspike.rules.rule.is_finite)."""
     return not math.isnan(value) and abs(value) < NON_FINITE_MAGNITUDE
 
 

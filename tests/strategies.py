@@ -10,7 +10,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from oracle import Sample
 
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 
 NAN, INF = float("nan"), float("inf")

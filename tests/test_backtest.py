@@ -40,7 +40,7 @@ from lossspike.dialects import Query
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
-from lossspike.rule import (
+from lossspike.rules.rule import (
     REASONS,
     WARMING_UP,
     LossWindows,

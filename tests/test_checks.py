@@ -29,7 +29,7 @@ from incidents import falling_run, rows_for
 from oracle import Sample
 
 from lossspike.overrides import OverrideRow
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.settings import Settings
 
 MINUTE = timedelta(minutes=1)

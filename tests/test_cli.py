@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from oracle import Sample, assert_rows_match, expected
 
 from lossspike.render import json_array
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"

@@ -25,9 +25,9 @@ from servers import bigquery as bqserver
 from servers import monitoring as monserver
 from servers.proxy import Faults, faulty_proxy
 
-from lossspike.checks import CHECK_REASONS
 from lossspike.function import bigquery_backend
-from lossspike.rule import REASONS, Thresholds
+from lossspike.rules.checks import CHECK_REASONS
+from lossspike.rules.rule import REASONS, Thresholds
 from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS
 

@@ -25,10 +25,10 @@ from lossspike import detectors
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.evaluate import evaluate
-from lossspike.median import median
 from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow
-from lossspike.rule import Thresholds
+from lossspike.rules.median import median
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 

@@ -23,7 +23,7 @@ from lossspike.dialects import BIGQUERY, DUCKDB, Query, validate_table
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_SCHEMA, overrides_select
 from lossspike.rollup_view import rollup_view_query
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.tick_sql import TICK_READ_TYPES, TickWindows, loss_window_query, tick_read_query, with_rows_of
 from lossspike.write_sql import append_sql, write_script

@@ -28,11 +28,11 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from lossspike import cost_model
 from lossspike.base.times import format_rfc3339
-from lossspike.checks import CHECKS
 from lossspike.demo import write_demo_database
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import NOTIFY, PAGING_REASONS, REASONS
+from lossspike.rules.checks import CHECKS
+from lossspike.rules.rule import NOTIFY, PAGING_REASONS, REASONS
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 

@@ -16,7 +16,7 @@ from commandline import lossspike, one_line_error
 from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.labels import LabelsError, labels_table, parse_labels, percentile, read_labels, score_labels
 from lossspike.render import terminal_safe
-from lossspike.rule import NOT_FINITE, REASONS, SPIKING, STALLED, Thresholds
+from lossspike.rules.rule import NOT_FINITE, REASONS, SPIKING, STALLED, Thresholds
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)

@@ -31,7 +31,7 @@ from lossspike.overrides import (
     run_policies,
     unusable_rows,
 )
-from lossspike.rule import THRESHOLD_RANGES, Thresholds
+from lossspike.rules.rule import THRESHOLD_RANGES, Thresholds
 
 T = Thresholds()
 MINUTE = timedelta(minutes=1)
@@ -481,7 +481,7 @@ def test_a_row_with_a_threshold_its_range_refuses_is_unusable_and_lifts_the_sile
 
 
 def column_scope(column: str) -> str:
-    from lossspike.checks import CHECKS
+    from lossspike.rules.checks import CHECKS
 
     return next((reason for reason, (_, key) in CHECKS.items() if key == column), LOSS_SCOPE)
 
@@ -511,7 +511,7 @@ def test_a_row_naming_an_unknown_reason_is_unusable_and_every_row_of_its_runs_pa
 
 
 def test_every_known_reason_is_usable():
-    from lossspike.checks import CHECK_REASONS
+    from lossspike.rules.checks import CHECK_REASONS
 
     for reason in (LOSS_SCOPE, *CHECK_REASONS):
         assert unusable_rows([row(reason=reason, sigma=8.0)], NOW, T) == [], reason

@@ -29,7 +29,7 @@ from servers import bigquery as bqserver
 
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 

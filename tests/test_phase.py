@@ -37,7 +37,7 @@ from lossspike.backtest_ticks import tick_times
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import ConfigError, Settings, load_settings
 

@@ -21,7 +21,7 @@ from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate, tick_windows
 from lossspike.minutes import Partial
 from lossspike.plot import check_episodes, run_figure
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 

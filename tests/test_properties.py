@@ -13,7 +13,7 @@ from strategies import fleets, judged_fleets, near_band, record, selections, thr
 
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 
 # Below these shares of examples holding a row of each kind, the judged-run property stops

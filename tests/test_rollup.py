@@ -18,7 +18,7 @@ from oracle import assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
 from lossspike.evaluate import evaluate
-from lossspike.rule import LossWindows, enrolled_runs
+from lossspike.rules.rule import LossWindows, enrolled_runs
 from lossspike.settings import Settings
 from lossspike.tick_sql import loss_window_query
 

@@ -27,7 +27,7 @@ from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
 from lossspike.bigquery_store import BigQueryStore
-from lossspike.rule import Thresholds, alert_rows
+from lossspike.rules.rule import Thresholds, alert_rows
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 from lossspike.tick import run_tick

@@ -9,7 +9,7 @@ import pytest
 from conftest import NOW, evaluate_samples, seed_settings
 from oracle import Sample
 
-from lossspike.rule import LossWindows, Thresholds, alert_rows, band, fleet_row, loss_spike_reason
+from lossspike.rules.rule import LossWindows, Thresholds, alert_rows, band, fleet_row, loss_spike_reason
 
 T = Thresholds()
 NAN, INF = float("nan"), float("inf")
@@ -118,7 +118,7 @@ def test_stalled_reason(case, w, thresholds, expected):
 
 
 def test_silenced_run_keeps_its_reason_with_value_zero():
-    from lossspike.rule import EnrolledRun, RunPolicy
+    from lossspike.rules.rule import EnrolledRun, RunPolicy
 
     run = EnrolledRun("c1", "hero-a", "job-1", windows(last_loss_at=NOW - 2 * FIFTEEN))
     [paged] = alert_rows([run], NOW, T)

@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import REPO
 
-from lossspike.rule import DETECTORS, THRESHOLD_RANGES, Thresholds
+from lossspike.rules.rule import DETECTORS, THRESHOLD_RANGES, Thresholds
 from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 

@@ -26,7 +26,7 @@ from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import SHAPES
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import Settings
 from lossspike.tick_sql import loss_window_query

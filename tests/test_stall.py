@@ -11,7 +11,7 @@ from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
 from lossspike.duckdb_store import DuckDBStore
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import ConfigError, Settings, load_settings
 

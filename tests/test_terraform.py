@@ -19,9 +19,9 @@ import pytest
 from tiers import require_tool
 
 from lossspike.base.schema import SHAPES
-from lossspike.checks import EVAL_LOOKBACK_MINUTES
 from lossspike.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
-from lossspike.rule import PAGING_REASONS, Thresholds
+from lossspike.rules.checks import EVAL_LOOKBACK_MINUTES
+from lossspike.rules.rule import PAGING_REASONS, Thresholds
 from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, load_settings
 
@@ -406,7 +406,7 @@ def test_a_shorter_baseline_alone_plans_and_the_windows_left_unset_follow_it(wor
         ({"detectors": "level_shift,spiking"}, "The detectors must be"),
         ({"checks": "grad_norm"}, "The checks must be"),
         ({"divergence_minutes": 2000}, "whole number from 1 to 1440"),
-        # Thresholds that parse but cannot work (issue 25), the ranges of lossspike/rule.py THRESHOLD_RANGES.
+        # Thresholds that parse but cannot work (issue 25), the ranges of lossspike/rules/rule.py THRESHOLD_RANGES.
         ({"skipped_steps_limit": 0}, "skipped_steps_limit must be at least 1"),
         ({"throughput_floor": -5}, "throughput_floor must be above 0, or null"),
         ({"token_drop_limit": 1}, "token_drop_limit must be at least 0 and below 1"),

@@ -101,7 +101,7 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
     """The rule variants: the flags' thresholds, then those with --compare's overrides on top."""
     from dataclasses import fields
 
-    from lossspike.rule import Thresholds
+    from lossspike.rules.rule import Thresholds
 
     if not args.compare:
         return [base.thresholds]

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import NoReturn
 
 from lossspike.base.times import parse_rfc3339, wall_clock
-from lossspike.rule import Thresholds
+from lossspike.rules.rule import Thresholds
 from lossspike.selection import Selection
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 

@@ -56,7 +56,7 @@ def add_parsers(commands: Any) -> None:
 def _cmd_cost(args: argparse.Namespace) -> int:
     from lossspike.cost_model import Fleet
     from lossspike.cost_report import estimate, render
-    from lossspike.rule import DETECTORS
+    from lossspike.rules.rule import DETECTORS
 
     if args.actual:
         return _cost_actual(args)

@@ -166,8 +166,8 @@ class _OverrideTable:
 
 
 def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
-    from lossspike.checks import CHECK_REASONS
     from lossspike.overrides import LOSS_SCOPE, UNKNOWN_CLUSTER, OverrideRow, escape_like
+    from lossspike.rules.checks import CHECK_REASONS
 
     if not args.run.strip():
         raise ConfigError("RUN must not be empty")
@@ -257,7 +257,7 @@ def _cmd_override(args: argparse.Namespace) -> int:
     from types import SimpleNamespace
 
     from lossspike.overrides import MAX_INTEGER
-    from lossspike.rule import threshold_problems
+    from lossspike.rules.rule import threshold_problems
     from lossspike.settings import OPTIONS_BY_KEY
 
     given = {key: getattr(args, key) for key in _OVERRIDE_FLAGS if getattr(args, key) is not None}

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from lossspike.base.times import format_rfc3339
-from lossspike.rule import (
+from lossspike.rules.rule import (
     NOT_FINITE,
     PHASE_FINISHED,
     PHASE_INITIALIZING,

@@ -122,7 +122,7 @@ class Thresholds:
     # How far the recent window widens for a run that steps slower than it allows.
     max_recent_minutes: int = 15
 
-    # --- the run-health checks (lossspike.checks; SPEC.md's table) ---
+    # --- the run-health checks (lossspike.rules.checks; SPEC.md's table) ---
     # Marin's hero-run health alert: a loss floor this far above the baseline floor is a jump.
     loss_jump_limit: float = 1.0
     # Marin: a clipped-gradient run sits well under 2; above it divergence usually follows.

@@ -1,7 +1,7 @@
 """The median of NaN-holed arrays, shared by the detectors and the checks' loss_jump.
 
 A module of its own, below both: lossspike.detectors reads the minute layer, which
-reads lossspike.checks, so the checks cannot import it from the detectors.
+reads lossspike.rules.checks, so the checks cannot import it from the detectors.
 """
 
 from __future__ import annotations

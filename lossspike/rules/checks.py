@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lossspike.median import median
-from lossspike.rule import HEALTHY, NOTIFY, PAGE, LossWindows, Thresholds
+from lossspike.rules.median import median
+from lossspike.rules.rule import HEALTHY, NOTIFY, PAGE, LossWindows, Thresholds
 
 LOSS_JUMP = "loss_jump"
 GRAD_NORM_HIGH = "grad_norm_high"
