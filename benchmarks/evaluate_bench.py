@@ -37,7 +37,7 @@ RATIO_TARGET = 1.3
 # into Arrow are the floor's too, so only what lossspike adds over them counts.
 RSS_RATIO_TARGET = 1.3
 
-# The product's metric names (lossspike.selection.Selection's defaults).
+# The product's metric names (lossspike.sql.selection.Selection's defaults).
 LOSS, GRAD_NORM, EVAL_LOSS = "train_loss", "grad_norm_total", "eval_paloma_macro_loss"
 # The floor (issues 15 and 18): the same rows and horizons the tick reads with the defaults,
 # reduced with a bare count/sum/min/max per run, metric and minute, written by hand with

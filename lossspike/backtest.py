@@ -1,6 +1,6 @@
 """Backtest: what the rule would have said at every tick of a past time range.
 
-One query reduces the range's telemetry to minute buckets (lossspike.backtest_sql, the
+One query reduces the range's telemetry to minute buckets (lossspike.sql.backtest, the
 same buckets the BigQuery tick reads from its rollup view); the minute layer
 (lossspike.minutes) merges them into each tick's baseline and recent windows
 with Chan's pairwise update. Ticks are whole minutes, as Cloud Scheduler fires
@@ -34,7 +34,6 @@ from lossspike import detectors, minutes
 from lossspike.backtest_attempts import attempt_keys, choosing_seq_at, chosen_groups, chosen_phases, previous_groups
 from lossspike.backtest_grid import run_grid_windows, run_grids, seed_windows, window_sum
 from lossspike.backtest_result import Backtest, RunHistory
-from lossspike.backtest_sql import bucket_groups_query
 from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.check_replay import CheckReplay, read_checks
 from lossspike.evaluate import checks_in_force
@@ -45,8 +44,9 @@ from lossspike.rules.checks import LOSS_JUMP
 from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
 from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
 from lossspike.seed_verdicts import CODES, Verdicts, seed_verdicts
-from lossspike.selection import metric_names
 from lossspike.settings import Settings
+from lossspike.sql.backtest import bucket_groups_query
+from lossspike.sql.selection import metric_names
 from lossspike.store import Store
 
 # Dense (runs x minutes) grids are built this many cells at a time, bounding memory.

@@ -34,7 +34,6 @@ from lossspike.base.schema import (
     telemetry_shape,
     telemetry_type_problem,
 )
-from lossspike.dialects import BIGQUERY, Query
 from lossspike.overrides import (
     OVERRIDES_SCHEMA,
     UNREADABLE,
@@ -43,11 +42,12 @@ from lossspike.overrides import (
     overrides_table_name,
     rows_from_arrow,
 )
-from lossspike.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
 from lossspike.settings import Settings
+from lossspike.sql.dialects import BIGQUERY, Query
+from lossspike.sql.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
+from lossspike.sql.tick import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
+from lossspike.sql.write import append_sql, write_script
 from lossspike.store import TickRead
-from lossspike.tick_sql import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
-from lossspike.write_sql import append_sql, write_script
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
 # so each may spend at most this long, retries included.

@@ -20,7 +20,6 @@ import pyarrow as pa
 from lossspike import minutes
 from lossspike.backtest_attempts import NO_ATTEMPT, newest_attempts
 from lossspike.backtest_result import RunHistory
-from lossspike.backtest_sql import check_buckets_query
 from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.minutes import Partial
 from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches
@@ -38,8 +37,9 @@ from lossspike.rules.checks import (
 )
 from lossspike.rules.rule import HEALTHY, REASONS, RunPolicy, Thresholds
 from lossspike.seed_verdicts import CODES
-from lossspike.selection import CHECK_METRICS
 from lossspike.settings import Settings
+from lossspike.sql.backtest import check_buckets_query
+from lossspike.sql.selection import CHECK_METRICS
 from lossspike.store import Store
 
 _HEALTHY_CODE = CODES[HEALTHY]

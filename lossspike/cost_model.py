@@ -32,8 +32,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lossspike.base.schema import ALERT_COLUMNS
-from lossspike.bucket_sql import CHECK_PARTS, PHASE_COLUMNS
 from lossspike.rules.rule import DETECTORS
+from lossspike.sql.bucket import CHECK_PARTS, PHASE_COLUMNS
 
 # On-demand list price in the US multi-region, without the monthly free TiB (SPEC "Cost").
 PRICE_PER_TIB = 6.25
@@ -122,7 +122,7 @@ LOSS_ROW_BYTES = {
     "job_at": 8,
 }
 ROLLUP_ROWS_PER_RUN_MINUTE = LOSS_ROWS_PER_RUN_MINUTE + OTHER_ROWS_PER_RUN_MINUTE
-# The view's rows per run-minute by metric role (lossspike.bucket_sql: 'loss', 'eval', '' for every other
+# The view's rows per run-minute by metric role (lossspike.sql.bucket: 'loss', 'eval', '' for every other
 # metric): an evaluation every ten minutes is a generous cadence for a hero run's eval loss.
 EVAL_ROWS_PER_RUN_MINUTE = 0.1
 ROLE_ROWS = {"loss": LOSS_ROWS_PER_RUN_MINUTE, "": OTHER_ROWS_PER_RUN_MINUTE, "eval": EVAL_ROWS_PER_RUN_MINUTE}
@@ -167,7 +167,7 @@ ROLLUP_BYTES = {
     / ROLLUP_ROWS_PER_RUN_MINUTE
     for name, size in LOSS_ROW_BYTES.items()
 }
-# The columns a tick's read of the view references (lossspike.backtest_sql.bucket_groups_query: all but the
+# The columns a tick's read of the view references (lossspike.sql.backtest.bucket_groups_query: all but the
 # attempt, which it names only with an explicit list of execution UIDs).
 TICK_READ_COLUMNS = tuple(name for name in LOSS_ROW_BYTES if name != "execution_uid")
 ROLLUP_READ_ROW_BYTES = sum(ROLLUP_BYTES[c] for c in TICK_READ_COLUMNS)
@@ -349,7 +349,7 @@ def refresh_part(fleet: Fleet, minutes: float = 1.0) -> Part:
     )
 
 
-# The parts of the tick's read (lossspike.tick_sql.tick_read_query): the roles each filters, the
+# The parts of the tick's read (lossspike.sql.tick.tick_read_query): the roles each filters, the
 # minutes [start, end) before now it reads, and the columns it names. tests/test_cost.py checks
 # them against the statements the store builds.
 _CHECK_COLUMNS = (*_KEYS, "metric", *(f"{k}_{p}" for k in PUBLISHED_CHECK_KEYS for p in CHECK_PARTS))

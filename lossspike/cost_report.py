@@ -27,7 +27,7 @@ from lossspike.cost_model import (
     ingestion,
     monitoring_monthly,
 )
-from lossspike.dialects import Query
+from lossspike.sql.dialects import Query
 
 # --- the estimate ----------------------------------------------------------------------------------
 

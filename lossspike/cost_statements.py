@@ -28,7 +28,7 @@ from lossspike.cost_model import (
     role_bytes,
     scanned_minutes,
 )
-from lossspike.dialects import Query
+from lossspike.sql.dialects import Query
 
 # Where `price_statement` finds the tables a tick names; only the names differ between deployments.
 _TELEMETRY, _ROLLUP, _ALERTS, _OVERRIDES = (
@@ -234,14 +234,14 @@ def price_statement(
 def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[list[Query], dict[str, Any]]:
     """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
     from lossspike.base.schema import SHAPES
-    from lossspike.dialects import BIGQUERY
     from lossspike.evaluate import tick_windows
-    from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
     from lossspike.rules.rule import Thresholds
-    from lossspike.selection import Selection
     from lossspike.settings import Settings
-    from lossspike.tick_sql import tick_read_query, window_bounds
-    from lossspike.write_sql import write_script
+    from lossspike.sql.dialects import BIGQUERY
+    from lossspike.sql.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
+    from lossspike.sql.selection import Selection
+    from lossspike.sql.tick import tick_read_query, window_bounds
+    from lossspike.sql.write import write_script
 
     settings = Settings(
         backend="bigquery", telemetry_table=_TELEMETRY, alerts_table=_ALERTS, rollup_table=_ROLLUP if rollup else ""

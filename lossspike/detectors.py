@@ -55,7 +55,7 @@ from lossspike.rules.rule import (
     RESUME_JUMP,
     SLOW_DIVERGENCE,
 )
-from lossspike.tick_sql import HISTORY_BLOCK_MINUTES
+from lossspike.sql.tick import HISTORY_BLOCK_MINUTES
 
 # Slow divergence's current level is the median of this many minutes: long enough that one
 # outlier minute is outvoted, short enough to follow the loss within minutes.

@@ -25,11 +25,11 @@ from lossspike.base.schema import (
     telemetry_shape,
     telemetry_type_problem,
 )
-from lossspike.dialects import DUCKDB, Query, quote_table
 from lossspike.overrides import OverrideRow, overrides_table_name, read_duckdb
 from lossspike.settings import Settings
+from lossspike.sql.dialects import DUCKDB, Query, quote_table
+from lossspike.sql.tick import TickWindows, tick_read_query
 from lossspike.store import TickRead
-from lossspike.tick_sql import TickWindows, tick_read_query
 
 # Times are compared and truncated in UTC whatever the process time zone, which
 # DuckDB otherwise takes as its session time zone.

@@ -29,7 +29,7 @@ from lossspike.rules.rule import (
     Thresholds,
 )
 from lossspike.seed_verdicts import CODES, Verdicts
-from lossspike.tick_sql import HISTORY_BLOCK_MINUTES
+from lossspike.sql.tick import HISTORY_BLOCK_MINUTES
 
 # The detectors that read the history blocks before the hour.
 HISTORY_DETECTORS = (SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP)

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from lossspike.base.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
 from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder, first_line, format_us
 from lossspike.publish import DUCKDB_COLUMNS, SERVICE, metric_name
-from lossspike.selection import CHECK_METRICS, Selection, metric_names
+from lossspike.sql.selection import CHECK_METRICS, Selection, metric_names
 
 # CSV bytes parsed at once: pyarrow reads a few blocks ahead, so larger blocks cost memory, not speed.
 CSV_BLOCK_BYTES = 1 << 20
@@ -476,7 +476,7 @@ class DuckDBTarget:
 
     def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]:
         """The newest time (epoch microseconds) of each attempt's metric of this run: a local scan, free."""
-        from lossspike.dialects import DUCKDB, quote_table
+        from lossspike.sql.dialects import DUCKDB, quote_table
 
         us = 'epoch_us("timestamp")' if time_column == "timestamp" else '"timestamp_ms" * 1000'
         with self._connect(read_only=True) as connection:

@@ -1,7 +1,7 @@
 """The minute layer: merging minute buckets into the statistics of any window.
 
-A minute bucket (the view's lossspike.rollup_view.minute_buckets, the raw reads'
-lossspike.bucket_sql.loss_buckets) holds, per run, attempt, minute and loss base, the count of the
+A minute bucket (the view's lossspike.sql.rollup_view.minute_buckets, the raw reads'
+lossspike.sql.bucket.loss_buckets) holds, per run, attempt, minute and loss base, the count of the
 finite losses and the sums of their offsets from the base. This module turns
 those sums into (count, mean, M2, floor, peak) partials and merges partials
 with Chan et al.'s pairwise update, which stays accurate where running sums of
@@ -17,18 +17,18 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from lossspike.bucket_sql import PHASE_COLUMNS
 from lossspike.rules.checks import EvalSeries, MetricSeries
 from lossspike.rules.phase import PhaseState
-from lossspike.selection import DENSE_CHECK_METRICS
-from lossspike.tick_sql import HISTORY_BLOCK_MINUTES, PENDING_PART
+from lossspike.sql.bucket import PHASE_COLUMNS
+from lossspike.sql.selection import DENSE_CHECK_METRICS
+from lossspike.sql.tick import HISTORY_BLOCK_MINUTES, PENDING_PART
 
 # resume_jump's previous attempt is the newest other one that held a level: this many minutes
 # with a finite loss in the hour. A job that died in its first minutes (Pythia 410M's third
 # job ran 100 s, broken) is no reference for the one that replaces it.
 RESUME_PREVIOUS_MINUTES = 5
 
-# A tick's check columns start with their metric's key (lossspike.bucket_sql.MINUTE_TYPES).
+# A tick's check columns start with their metric's key (lossspike.sql.bucket.MINUTE_TYPES).
 _DENSE_PREFIXES = tuple(f"{key}_" for key in DENSE_CHECK_METRICS)
 # A timestamp column's NULL, as microseconds: older than any sample.
 NO_TIME = np.iinfo(np.int64).min

@@ -40,9 +40,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from lossspike.dialects import Dialect, quote_table, validate_table
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import RunPolicy, Thresholds, threshold_problems
+from lossspike.sql.dialects import Dialect, quote_table, validate_table
 
 OVERRIDES_TABLE = "loss_spike_overrides"
 OVERRIDES_SCHEMA_PATH = Path(__file__).with_name("overrides_schema.json")
@@ -683,7 +683,7 @@ def duckdb_columns(connection: Any, table: str) -> dict[str, str]:
 
 def read_duckdb(connection: Any, table: str) -> list[OverrideRow]:
     """Every row of the DuckDB overrides table (none without the table), unusable ones marked."""
-    from lossspike.dialects import DUCKDB
+    from lossspike.sql.dialects import DUCKDB
 
     stored = duckdb_columns(connection, table)
     if not stored:
@@ -699,7 +699,7 @@ def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
     could not be read back as written.
     """
     from lossspike.base.errors import StoreError
-    from lossspike.dialects import DUCKDB
+    from lossspike.sql.dialects import DUCKDB
 
     quoted = quote_table(DUCKDB, table)
     connection.execute(overrides_table_ddl(quoted))
@@ -719,7 +719,7 @@ def write_bigquery(client: Any, table: str, row: OverrideRow, location: str) -> 
     """Insert one row with a DML INSERT: a job, not the streaming API, so it is readable at once."""
     from google.cloud import bigquery
 
-    from lossspike.dialects import BIGQUERY
+    from lossspike.sql.dialects import BIGQUERY
 
     config = bigquery.QueryJobConfig(query_parameters=bigquery_parameters(row.values()), labels=JOB_LABELS)
     client.query(insert_sql(BIGQUERY, table), job_config=config, location=location).result()

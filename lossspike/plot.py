@@ -20,7 +20,6 @@ import numpy as np
 
 from lossspike.backtest import BacktestError, backtest
 from lossspike.backtest_result import Backtest, RunHistory
-from lossspike.backtest_sql import run_samples_query
 from lossspike.base.times import format_rfc3339
 from lossspike.report import describe
 from lossspike.rules.checks import CHECK_REASONS, CHECKS
@@ -40,6 +39,7 @@ from lossspike.rules.rule import (
     reference,
 )
 from lossspike.settings import Settings
+from lossspike.sql.backtest import run_samples_query
 from lossspike.store import Store
 
 # One colour per reason, shared by the shading and the legend.

@@ -782,7 +782,7 @@ class DuckDBSink:
         # Publisher's: the exit flush must run while DuckDB still takes queries.
         import duckdb  # noqa: F401
 
-        from lossspike.dialects import DUCKDB, quote_table
+        from lossspike.sql.dialects import DUCKDB, quote_table
 
         self.path = os.fspath(path)
         self._table = quote_table(DUCKDB, table)

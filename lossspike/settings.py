@@ -14,7 +14,6 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
-from lossspike.dialects import literal, validate_table
 from lossspike.overrides import dangling_escape
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import (
@@ -27,7 +26,8 @@ from lossspike.rules.rule import (
     following_defaults,
     threshold_problems,
 )
-from lossspike.selection import CHECK_METRICS, Selection
+from lossspike.sql.dialects import literal, validate_table
+from lossspike.sql.selection import CHECK_METRICS, Selection
 
 ENV_PREFIX = "LOSSSPIKE_"
 BACKENDS = ("duckdb", "bigquery")

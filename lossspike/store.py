@@ -17,10 +17,10 @@ import pyarrow as pa
 
 from lossspike.base.deadline import Deadline
 from lossspike.base.schema import TelemetryShape
-from lossspike.dialects import Dialect, Query
 from lossspike.overrides import OverrideRow
 from lossspike.settings import Settings
-from lossspike.tick_sql import TickWindows
+from lossspike.sql.dialects import Dialect, Query
+from lossspike.sql.tick import TickWindows
 
 
 @dataclass(frozen=True)

@@ -119,14 +119,14 @@ MUTANTS = [
     ),
     Mutant(
         "BigQuery rendering calls DuckDB's isfinite()",
-        "lossspike/dialects.py",
+        "lossspike/sql/dialects.py",
         '    if_="IF({}, {}, NULL)",\n    finite=_FINITE,',
         '    if_="IF({}, {}, NULL)",\n    finite="isfinite({0}) AND ABS({0}) < 1e150",',
         ["tests/test_dialects.py"],
     ),
     Mutant(
         "BigQuery write stores reference into band",
-        "lossspike/write_sql.py",
+        "lossspike/sql/write.py",
         "  SELECT {values} FROM UNNEST(@rows) AS source;",
         '  SELECT {values.replace("source.band", "source.reference")} FROM UNNEST(@rows) AS source;',
         ["tests/test_cloud.py::test_tick_end_to_end", "tests/test_rollup_cloud.py"],
@@ -141,7 +141,7 @@ MUTANTS = [
     # --- our own ---
     Mutant(
         "1e150 itself counted finite",
-        "lossspike/dialects.py",
+        "lossspike/sql/dialects.py",
         '_FINITE = "ABS({0}) < 1e150"',
         '_FINITE = "ABS({0}) <= 1e150"',
         PROPERTIES,
@@ -151,14 +151,14 @@ MUTANTS = [
         # drew the edge per row, is now only the rollup tests' reference): a row on a minute's
         # start falls into the minute before, the hour's start moving with the recent window's.
         "recent window starts one instant late (DuckDB's minutes back from now: the hour's start too)",
-        "lossspike/dialects.py",
+        "lossspike/sql/dialects.py",
         '    minutes_back="(epoch_us({1}) - epoch_us({0}) - 1) // 60000000 + 1",',
         '    minutes_back="(epoch_us({1}) - epoch_us({0})) // 60000000 + 1",',
         PROPERTIES,
     ),
     Mutant(
         "population stddev instead of sample stddev",
-        "lossspike/tick_sql.py",
+        "lossspike/sql/tick.py",
         '{stat("STDDEV_SAMP", baseline)} AS baseline_stddev',
         '{stat("STDDEV_POP", baseline)} AS baseline_stddev',
         PROPERTIES,
@@ -173,21 +173,21 @@ MUTANTS = [
     ),
     Mutant(
         "NULL values enroll runs",
-        "lossspike/rollup_view.py",
+        "lossspike/sql/rollup_view.py",
         'kept += ["value IS NOT NULL", "run_id <> \'\'", runs]',
         "kept += [\"run_id <> ''\", runs]",
         PROPERTIES,
     ),
     Mutant(
         "job is the oldest, not the newest",
-        "lossspike/dialects.py",
+        "lossspike/sql/dialects.py",
         'newest="arg_max({}, {})",',
         'newest="arg_min({}, {})",',
         PROPERTIES,
     ),
     Mutant(
         "empty cluster not normalised to unknown",
-        "lossspike/selection.py",
+        "lossspike/sql/selection.py",
         "\"COALESCE(NULLIF(cluster, ''), 'unknown') AS cluster\",",
         "\"COALESCE(cluster, 'unknown') AS cluster\",",
         PROPERTIES,
@@ -268,7 +268,7 @@ MUTANTS = [
     ),
     Mutant(
         "the tick read counts every attempt's losses (an explicit attempt list)",
-        "lossspike/tick_sql.py",
+        "lossspike/sql/tick.py",
         "    attempt = attempt_filter(d, selection, params)\n\n    def judged",
         '    attempt = "TRUE"\n\n    def judged',
         ["tests/test_rollup.py", ROLLUP_CLOUD],
@@ -282,21 +282,21 @@ MUTANTS = [
     ),
     Mutant(
         "the rollup view enrolls empty run IDs",
-        "lossspike/rollup_view.py",
+        "lossspike/sql/rollup_view.py",
         """    kept += ["value IS NOT NULL", "run_id <> ''", runs]""",
         """    kept += ["value IS NOT NULL", runs]""",
         [f"{ROLLUP_CLOUD}::test_the_rollup_view_never_enrolls_an_empty_run_id"],
     ),
     Mutant(
         "the raw reads enroll empty run IDs",
-        "lossspike/selection.py",
+        "lossspike/sql/selection.py",
         """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", "run_id <> ''", runs]""",
         """*shape_filters(dialect, shape, selection, params), "value IS NOT NULL", runs]""",
         ["tests/test_rollup.py", "tests/test_backtest.py", EMPTY_RUN_ID],
     ),
     Mutant(
         "the newest loss time ignores NaN losses",
-        "lossspike/rollup_view.py",
+        "lossspike/sql/rollup_view.py",
         '"last_loss_at": f"MAX({when(is_loss, t)})",',
         '"last_loss_at": f"MAX({when(f\'{is_loss} AND {finite}\', t)})",',
         ["tests/test_rollup.py", "tests/test_rollup_cloud.py"],
@@ -404,7 +404,7 @@ MUTANTS = [
     ),
     Mutant(
         "a failed rollup refresh fails the tick",
-        "lossspike/rollup_view.py",
+        "lossspike/sql/rollup_view.py",
         "EXCEPTION WHEN ERROR THEN\n  SET {REFRESH_FAILED} = TRUE;",
         "EXCEPTION WHEN ERROR THEN\n  RAISE;",
         ["tests/test_rollup_cloud.py::test_a_failed_refresh_still_gives_the_tick_its_verdict"],
@@ -535,7 +535,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: DuckDB's LIKE without an escape character",
-        "lossspike/selection.py",
+        "lossspike/sql/selection.py",
         "\" ESCAPE '\\\\'\" if dialect.name",
         '"" if dialect.name',
         ["tests/test_hostile.py::test_a_backslash_in_the_run_pattern_escapes_the_underscore"],
@@ -770,14 +770,14 @@ MUTANTS = [
     # --- the raw tick read's history blocks and whole-hour other metrics ---
     Mutant(
         "raw read: a history block names the minutes ten later than its own",
-        "lossspike/tick_sql.py",
+        "lossspike/sql/tick.py",
         "{HISTORY_BLOCK_MINUTES} * block)",
         "{HISTORY_BLOCK_MINUTES} * (block + 1))",
         [f"{DETECTORS}::test_slow_divergence_reads_the_oldest_block_of_its_horizon", *DETECTOR_PROPERTIES],
     ),
     Mutant(
         "raw read: a history block of an empty cluster is not the run's",
-        "lossspike/tick_sql.py",
+        "lossspike/sql/tick.py",
         '        "run_cluster": "COALESCE(NULLIF(cluster, \'\'), \'unknown\')",\n        "run_id": "run_id",\n'
         '        "execution_uid": "execution_uid",\n        # The block',
         '        "run_cluster": "COALESCE(cluster, \'unknown\')",\n        "run_id": "run_id",\n'
@@ -801,7 +801,7 @@ MUTANTS = [
     ),
     Mutant(
         "raw read: a history block's peak is its lowest loss",
-        "lossspike/tick_sql.py",
+        "lossspike/sql/tick.py",
         '        "loss_peak": f"MAX({judged(\'loss_value\')})",',
         '        "loss_peak": f"MIN({judged(\'loss_value\')})",',
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
@@ -837,14 +837,14 @@ MUTANTS = [
     # --- DuckDB and BigQuery parity with the defaults (tests/test_parity_cloud.py) ---
     Mutant(
         "parity: BigQuery's newest value of a minute is its oldest",
-        "lossspike/dialects.py",
+        "lossspike/sql/dialects.py",
         '    newest="MAX_BY({}, {})",',
         '    newest="MIN_BY({}, {})",',
         [PARITY],
     ),
     Mutant(
         "parity: the rollup view buckets to the nearest clock minute",
-        "lossspike/dialects.py",
+        "lossspike/sql/dialects.py",
         '    minute="TIMESTAMP_TRUNC({}, MINUTE)",',
         '    minute="TIMESTAMP_TRUNC(TIMESTAMP_ADD({}, INTERVAL 30 SECOND), MINUTE)",',
         [PARITY],
@@ -859,14 +859,14 @@ MUTANTS = [
     # --- issue 36: the read side of real Levanter shapes ---
     Mutant(
         "issue 36: a sample's kind is matched case-sensitively",
-        "lossspike/selection.py",
+        "lossspike/sql/selection.py",
         "(kind IS NULL OR LOWER(kind) IN (",
         "(kind IS NULL OR kind IN (",
         ["tests/test_shapes.py::test_a_sample_kind_in_upper_case_keeps_the_run_watched"],
     ),
     Mutant(
         "issue 36: levanter.metrics' kind is not read",
-        "lossspike/selection.py",
+        "lossspike/sql/selection.py",
         "    if shape.has_kind:\n        kept.append(KIND_SAMPLE)",
         "    if shape.has_kind and shape.has_service:\n        kept.append(KIND_SAMPLE)",
         ["tests/test_shapes.py::test_a_non_scalar_row_with_a_nan_value_never_pages"],
@@ -902,7 +902,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: raw read: a history block counts NaN rows and other attempts' rows",
-        "lossspike/tick_sql.py",
+        "lossspike/sql/tick.py",
         '"loss_finite": f"COUNT({judged(\'loss_value\')})",\n        "loss_sum": f"SUM(',
         '"loss_finite": "COUNT(*)",\n        "loss_sum": f"SUM(',
         [f"{DETECTORS}::test_a_history_block_counts_only_the_judged_attempts_finite_losses"],
@@ -999,7 +999,7 @@ MUTANTS = [
     ),
     Mutant(
         "seq: a bucket keeps the seq of any of its rows at its newest instant",
-        "lossspike/bucket_sql.py",
+        "lossspike/sql/bucket.py",
         '    return f"CONCAT({padded(time)}, {ordered})"',
         "    return f\"CONCAT({padded(time)}, '')\"",
         ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],

@@ -85,7 +85,7 @@ resource "google_bigquery_table" "telemetry" {
   }
 
   # Levanter's INT64 epoch milliseconds: integer-range partitions on the stored column, so a
-  # window's integer bounds (lossspike.dialects.time_bound) prune them as a TIMESTAMP filter prunes days
+  # window's integer bounds (lossspike.sql.dialects.time_bound) prune them as a TIMESTAMP filter prunes days
   # (https://cloud.google.com/bigquery/docs/creating-integer-range-partitions: the column must be
   # a top-level INTEGER). One day per partition from 2024-01-01 UTC: a table holds at most 10,000
   # partitions (https://cloud.google.com/bigquery/quotas#partitioned_tables), 27 years of days
@@ -141,7 +141,7 @@ resource "google_bigquery_table" "telemetry" {
   depends_on = [google_bigquery_dataset.alerts]
 }
 
-# The per-minute rollup the tick reads (lossspike/rollup_view.py, minute_buckets): an incremental
+# The per-minute rollup the tick reads (lossspike/sql/rollup_view.py, minute_buckets): an incremental
 # materialized view over telemetry, so a tick bills the rows that arrived since the last tick
 # once, plus the watched runs' minute rows of the hour, never the day so far. BigQuery requires
 # a partitioned view to use the base table's partition granularity (DAY or HOUR):

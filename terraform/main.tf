@@ -11,7 +11,7 @@ locals {
   alerts_table_id   = "${var.project_id}.${var.dataset_id}.${local.alerts_table_name}"
   rollup_table_name = "loss_spike_minutes"
   # The rollup view's template for the table's shape and the process setting
-  # (lossspike.rollup_view.rollup_template_name; tests/test_terraform.py checks every one is generated).
+  # (lossspike.sql.rollup_view.rollup_template_name; tests/test_terraform.py checks every one is generated).
   rollup_template = var.telemetry_shape == "contract" ? "loss_spike_minutes.sql" : format(
     "loss_spike_minutes_%s%s.sql", replace(var.telemetry_shape, ".", "_"), var.process == "any" ? "_any_process" : ""
   )
@@ -42,7 +42,7 @@ locals {
     runs_watched = "${var.metric_prefix}/runs_watched"
   }
 
-  # The check metric names by the rollup template's key (lossspike.selection.CHECK_METRICS).
+  # The check metric names by the rollup template's key (lossspike.sql.selection.CHECK_METRICS).
   check_metrics = {
     grad_norm       = var.grad_norm_metric
     skipped_steps   = var.skipped_steps_metric

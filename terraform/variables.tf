@@ -179,7 +179,7 @@ variable "run_pattern" {
 
   validation {
     # Written into the rollup view's SQL as a literal (a view takes no parameters): these
-    # characters need no escaping. Same rule as lossspike.dialects.literal.
+    # characters need no escaping. Same rule as lossspike.sql.dialects.literal.
     condition     = can(regex("^[A-Za-z0-9_.%/:@+-]+$", var.run_pattern))
     error_message = "The run_pattern must be non-empty and use only letters, digits and _ . % / : @ + - (use \"%\" to watch every run)."
   }

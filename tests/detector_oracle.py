@@ -24,7 +24,7 @@ from typing import Any
 from oracle import Sample, escaped_like, like, phase_of, phase_verdict, rfc3339, with_note
 
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
+from lossspike.sql.selection import Selection
 
 # SPEC.md: NaN, +-inf and magnitudes of at least 1e150 are non-finite.
 NON_FINITE_MAGNITUDE = 1e150

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
+from lossspike.sql.selection import Selection
 
 # SPEC.md: a value is non-finite when NaN, +-inf or of magnitude at least 1e150.
 NON_FINITE_MAGNITUDE = 1e150

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from oracle import Sample
 
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
+from lossspike.sql.selection import Selection
 
 NAN, INF = float("nan"), float("inf")
 

@@ -36,7 +36,6 @@ from telemetry import telemetry_samples
 from lossspike import minutes
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
-from lossspike.dialects import Query
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
@@ -51,8 +50,9 @@ from lossspike.rules.rule import (
     loss_spike_reason,
 )
 from lossspike.seed_verdicts import CellThresholds, loss_spike_codes
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.dialects import Query
+from lossspike.sql.selection import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 

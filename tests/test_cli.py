@@ -18,7 +18,7 @@ from oracle import Sample, assert_rows_match, expected
 
 from lossspike.render import json_array
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
+from lossspike.sql.selection import Selection
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 

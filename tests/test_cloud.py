@@ -28,8 +28,8 @@ from servers.proxy import Faults, faulty_proxy
 from lossspike.function import bigquery_backend
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import REASONS, Thresholds
-from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS
+from lossspike.sql.selection import CHECK_METRICS, Selection
 
 PROJECT = "lossspike-cloud"
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -116,7 +116,7 @@ def test_the_arithmetic_prices_what_the_tick_statements_bill(runs, partition, sh
 
 
 def test_the_view_read_prices_each_part_of_the_tick_read():
-    # The tick's read has four parts (lossspike.tick_sql.tick_read_query); each filters its metric roles
+    # The tick's read has four parts (lossspike.sql.tick.tick_read_query); each filters its metric roles
     # and its minutes, which the view's (metric, minute) clustering prunes to.
     noon = datetime(2026, 11, 30, 12, tzinfo=UTC)
     seed = cost_model.view_read_part(cost_model.Fleet(runs=1000, detectors=(), checks=False), noon, pruned=True)

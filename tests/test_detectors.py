@@ -29,8 +29,8 @@ from lossspike.minutes import Partial
 from lossspike.overrides import OverrideRow
 from lossspike.rules.median import median
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.selection import Selection
 
 MINUTE = timedelta(minutes=1)
 SECOND = timedelta(seconds=1)

@@ -15,18 +15,18 @@ from hypothesis import HealthCheck, given, settings
 from oracle import Sample, assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
-from lossspike.backtest_sql import bucket_groups_query, run_samples_query
 from lossspike.base.schema import ALERT_COLUMNS, SHAPES
 from lossspike.bigquery_store import OVERRIDE_TYPES
 from lossspike.cost_report import actual_query
-from lossspike.dialects import BIGQUERY, DUCKDB, Query, validate_table
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_SCHEMA, overrides_select
-from lossspike.rollup_view import rollup_view_query
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
-from lossspike.tick_sql import TICK_READ_TYPES, TickWindows, loss_window_query, tick_read_query, with_rows_of
-from lossspike.write_sql import append_sql, write_script
+from lossspike.sql.backtest import bucket_groups_query, run_samples_query
+from lossspike.sql.dialects import BIGQUERY, DUCKDB, Query, validate_table
+from lossspike.sql.rollup_view import rollup_view_query
+from lossspike.sql.selection import Selection
+from lossspike.sql.tick import TICK_READ_TYPES, TickWindows, loss_window_query, tick_read_query, with_rows_of
+from lossspike.sql.write import append_sql, write_script
 
 TABLE = "my-project.telemetry.levanter"
 # The override table as Terraform makes it, and as a careless hand makes it: a time stored as

@@ -33,8 +33,8 @@ from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.checks import CHECKS
 from lossspike.rules.rule import NOTIFY, PAGING_REASONS, REASONS
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.selection import Selection
 
 DASHBOARD_TEXT = (REPO / "grafana" / "dashboard.json").read_text()
 DASHBOARD = json.loads(DASHBOARD_TEXT)

@@ -1079,8 +1079,8 @@ def test_an_empty_run_id_is_never_enrolled_whatever_the_pattern():
 
     from lossspike.backtest import backtest
     from lossspike.backtest_ticks import tick_times
-    from lossspike.selection import Selection
     from lossspike.settings import Settings
+    from lossspike.sql.selection import Selection
 
     samples = [
         Sample(NOW - timedelta(seconds=10 * k + 5), 2.0 + 0.01 * (k % 3), run_id, cluster="c1")

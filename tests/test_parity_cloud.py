@@ -30,8 +30,8 @@ from servers import bigquery as bqserver
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.selection import Selection
 
 PROJECT = "lossspike-parity"
 MINUTE = timedelta(minutes=1)

@@ -38,8 +38,8 @@ from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import ConfigError, Settings, load_settings
+from lossspike.sql.selection import Selection
 
 MINUTE = timedelta(minutes=1)
 PROJECT = "lossspike-phase"

@@ -22,8 +22,8 @@ from lossspike.evaluate import evaluate, tick_windows
 from lossspike.minutes import Partial
 from lossspike.plot import check_episodes, run_figure
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.selection import Selection
 
 PNG = b"\x89PNG\r\n\x1a\n"
 RANGE = ("--start", "2026-11-30T11:00:00Z", "--end", "2026-11-30T12:00:00Z")

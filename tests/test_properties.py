@@ -14,7 +14,7 @@ from strategies import fleets, judged_fleets, near_band, record, selections, thr
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
+from lossspike.sql.selection import Selection
 
 # Below these shares of examples holding a row of each kind, the judged-run property stops
 # testing the verdict it exists for (measured 0.39 / 0.44 / 0.26 / 0.35 / 0.46 when written).

@@ -20,7 +20,7 @@ from strategies import fleets, selections, thresholds
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import LossWindows, enrolled_runs
 from lossspike.settings import Settings
-from lossspike.tick_sql import loss_window_query
+from lossspike.sql.tick import loss_window_query
 
 # Merged statistics against the raw query's (issue 8): counts, floors and peaks exact;
 # mean and standard deviation within 1e-9 relative where sigma x stddev decides the

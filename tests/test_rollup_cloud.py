@@ -28,8 +28,8 @@ from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.rules.rule import Thresholds, alert_rows
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.selection import Selection
 from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"
@@ -319,8 +319,8 @@ def rows_of(store: BigQueryStore, settings: Settings, moment: datetime) -> list[
 
 
 def test_a_read_over_the_cap_names_the_setting_to_raise(emulator, endpoint):
-    from lossspike.dialects import BIGQUERY
-    from lossspike.tick_sql import loss_window_query
+    from lossspike.sql.dialects import BIGQUERY
+    from lossspike.sql.tick import loss_window_query
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     with faulty_proxy(endpoint, Faults(status=400, payload=OVER_THE_CAP, fail_next=1)) as url:

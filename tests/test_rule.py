@@ -289,7 +289,7 @@ def test_explicit_run_ids_and_execution_uids():
 
 
 def _sel(**kw):
-    from lossspike.selection import Selection
+    from lossspike.sql.selection import Selection
 
     return Selection(**kw)
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import REPO
 
 from lossspike.rules.rule import DETECTORS, THRESHOLD_RANGES, Thresholds
-from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
+from lossspike.sql.selection import CHECK_METRICS, Selection
 
 # The detector and check thresholds, each set in one test to 7, or 0.5 where a fraction must stay below 1.
 CHANGED_THRESHOLDS = {

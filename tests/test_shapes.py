@@ -21,15 +21,15 @@ from shapes import SAMPLE_KIND, epoch_ms, load_duckdb, shaped_rows, whole_ms
 from telemetry import telemetry_samples
 
 from lossspike.backtest import backtest
-from lossspike.backtest_sql import run_samples_query
 from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import SHAPES
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import Settings
-from lossspike.tick_sql import loss_window_query
+from lossspike.sql.backtest import run_samples_query
+from lossspike.sql.selection import Selection
+from lossspike.sql.tick import loss_window_query
 
 REAL_SHAPES = ("levanter.metrics", "telemetry_v1")
 # Processes publishing every metric on the hero run the facts file counts (hero_monitor.py: 704 rows

@@ -38,9 +38,9 @@ from test_shapes import (
 from lossspike.base.schema import SHAPES
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
-from lossspike.rollup_view import rollup_view_query
-from lossspike.selection import Selection
 from lossspike.settings import Settings
+from lossspike.sql.rollup_view import rollup_view_query
+from lossspike.sql.selection import Selection
 
 PROJECT = "lossspike-shapes"
 REAL_SHAPES = ("levanter.metrics", "telemetry_v1")

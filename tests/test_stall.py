@@ -12,8 +12,8 @@ from test_cli import NOW_TEXT, lossspike
 
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import ConfigError, Settings, load_settings
+from lossspike.sql.selection import Selection
 
 MS = timedelta(milliseconds=1)
 

@@ -19,11 +19,11 @@ import pytest
 from tiers import require_tool
 
 from lossspike.base.schema import SHAPES
-from lossspike.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
 from lossspike.rules.checks import EVAL_LOOKBACK_MINUTES
 from lossspike.rules.rule import PAGING_REASONS, Thresholds
-from lossspike.selection import CHECK_METRICS, Selection
 from lossspike.settings import OPTIONS, load_settings
+from lossspike.sql.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
+from lossspike.sql.selection import CHECK_METRICS, Selection
 
 REPO = Path(__file__).resolve().parent.parent
 MODULE = REPO / "terraform"
@@ -60,7 +60,7 @@ THRESHOLD_VARS = {
     "check_pending_minutes": 3,
     "throughput_floor": 150000.0,  # the other model-specific limits stay unset: their checks stay off
 }
-# Check metric names away from their defaults (lossspike.selection.Selection's *_metric fields).
+# Check metric names away from their defaults (lossspike.sql.selection.Selection's *_metric fields).
 METRIC_VARS = {f"{key}_metric": f"my_{key}" for key in CHECK_METRICS}
 NOTIFY_CHANNEL = f"projects/{PROJECT}/notificationChannels/555"
 DASHBOARD_URL = "https://grafana.example.com/d/lossspike/lossspike"
@@ -733,7 +733,7 @@ def test_rollup_view_is_the_python_definition_partitioned_like_telemetry(plan: d
     # "Partition expiration can't be set on materialized views ... it inherits the base table's"
     # (https://cloud.google.com/bigquery/docs/materialized-views-create#partition_expiration).
     assert view["time_partitioning"][0].get("expiration_ms") is None
-    # Every part of the tick's read (lossspike.tick_sql) filters its metric role, then a minute range,
+    # Every part of the tick's read (lossspike.sql.tick) filters its metric role, then a minute range,
     # not a run: BigQuery prunes blocks by filters on the clustering columns in their order
     # (https://cloud.google.com/bigquery/docs/querying-clustered-tables), and each role's blocks
     # are sorted by minute, so the minute filter still prunes inside a day partition.

@@ -10,8 +10,8 @@ from typing import NoReturn
 
 from lossspike.base.times import parse_rfc3339, wall_clock
 from lossspike.rules.rule import Thresholds
-from lossspike.selection import Selection
 from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
+from lossspike.sql.selection import Selection
 
 # Settings a command line can override; backend and cloud settings come from the environment.
 RULE_FLAGS = tuple(

@@ -120,16 +120,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.base.schema import SHAPES
-    from lossspike.dialects import DIALECTS
     from lossspike.evaluate import tick_windows
-    from lossspike.tick_sql import tick_read_query
+    from lossspike.sql.dialects import DIALECTS
+    from lossspike.sql.tick import tick_read_query
 
     settings = command_settings(args, telemetry_table=args.table, rollup_table=args.rollup_table)
     now = tick_now(args)
     shape = SHAPES[args.shape]
     if args.rollup_table:
-        from lossspike.dialects import BIGQUERY
-        from lossspike.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
+        from lossspike.sql.dialects import BIGQUERY
+        from lossspike.sql.rollup_view import refresh_statement, rollup_view_query, with_refresh_status
 
         windows = tick_windows(settings, now.replace(second=0, microsecond=0))
         read = tick_read_query(

@@ -329,6 +329,6 @@ def create_rollup_view(client, rollup: str, telemetry: str, selection, since) ->
     """The rollup view as Terraform makes it, in its unpartitioned form: the emulator
     answers 404 to refreshing a view declared with PARTITION BY (tests/test_terraform.py
     checks the partitioned form in the plan)."""
-    from lossspike.rollup_view import rollup_view_query
+    from lossspike.sql.rollup_view import rollup_view_query
 
     client.query(f"CREATE MATERIALIZED VIEW `{rollup}` AS\n{rollup_view_query(telemetry, selection, since)}").result()

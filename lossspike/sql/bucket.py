@@ -18,8 +18,8 @@ cancel the way a raw sum of squares does for a loss far from zero.
 from __future__ import annotations
 
 from lossspike.base.schema import CONTRACT_SHAPE, TelemetryShape
-from lossspike.dialects import Dialect, as_timestamp, instant, time_between
-from lossspike.selection import CHECK_METRICS, DENSE_CHECK_METRICS, Selection, metric_names, raw_rows
+from lossspike.sql.dialects import Dialect, as_timestamp, instant, time_between
+from lossspike.sql.selection import CHECK_METRICS, DENSE_CHECK_METRICS, Selection, metric_names, raw_rows
 
 # The role a bucket's metric plays: its own rows for the loss and for the evaluation loss
 # (read over a day, so kept apart to prune), one row for every other metric of a run-minute.

@@ -4,7 +4,7 @@ one request."""
 
 from __future__ import annotations
 
-from lossspike.dialects import BIGQUERY, quote_table
+from lossspike.sql.dialects import BIGQUERY, quote_table
 
 
 def write_script(alerts_table: str, columns: tuple[str, ...]) -> str:

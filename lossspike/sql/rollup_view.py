@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from lossspike.base.schema import CONTRACT_SHAPE, SHAPES, TelemetryShape
-from lossspike.bucket_sql import (
+from lossspike.sql.bucket import (
     EVAL_ROLE,
     JOB_PRESENT,
     LOSS_ROLE,
@@ -20,8 +20,8 @@ from lossspike.bucket_sql import (
     row_time_integer,
     seq_tie_key,
 )
-from lossspike.dialects import BIGQUERY, Dialect, instant, literal, quote_table, validate_table
-from lossspike.selection import CHECK_METRICS, KIND_SAMPLE, PROCESS_ZERO, Selection, metric_names
+from lossspike.sql.dialects import BIGQUERY, Dialect, instant, literal, quote_table, validate_table
+from lossspike.sql.selection import CHECK_METRICS, KIND_SAMPLE, PROCESS_ZERO, Selection, metric_names
 
 # A bucket's key, the view's GROUP BY: the first columns of MINUTE_COLUMNS.
 _BUCKET_KEYS = MINUTE_COLUMNS[:6]

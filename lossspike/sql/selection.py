@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lossspike.base.schema import CONTRACT_SHAPE, TelemetryShape
-from lossspike.dialects import Dialect, as_timestamp, quote_table, time_between
+from lossspike.sql.dialects import Dialect, as_timestamp, quote_table, time_between
 
 # The run-health metrics a minute bucket carries beside the loss, by key (SPEC.md's checks
 # table); each key's metric name is a Selection field `<key>_metric`.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from lossspike.base.schema import CONTRACT_SHAPE, TelemetryShape
-from lossspike.bucket_sql import (
+from lossspike.sql.bucket import (
     LOSS_COLUMNS,
     check_minutes,
     choosing_seq_merged,
@@ -19,8 +19,8 @@ from lossspike.bucket_sql import (
     phase_merged,
     spread_checks,
 )
-from lossspike.dialects import Dialect, Query, bound_query, instant
-from lossspike.selection import Selection, attempt_filter, samples_cte
+from lossspike.sql.dialects import Dialect, Query, bound_query, instant
+from lossspike.sql.selection import Selection, attempt_filter, samples_cte
 
 
 def bucket_groups_query(

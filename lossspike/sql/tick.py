@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from lossspike.base.schema import CONTRACT_SHAPE, TelemetryShape
-from lossspike.bucket_sql import (
+from lossspike.rules.rule import Thresholds
+from lossspike.sql.bucket import (
     CHECK_PARTS,
     EVAL_ROLE,
     LOSS_COLUMNS,
@@ -28,9 +29,8 @@ from lossspike.bucket_sql import (
     phase_merged,
     spread_checks,
 )
-from lossspike.dialects import BIGQUERY, Dialect, Query, bound_query, instant, quote_table, time_between, time_bound
-from lossspike.rules.rule import Thresholds
-from lossspike.selection import DENSE_CHECK_METRICS, Selection, attempt_filter, raw_rows, samples_cte, watched_runs
+from lossspike.sql.dialects import BIGQUERY, Dialect, Query, bound_query, instant, quote_table, time_between, time_bound
+from lossspike.sql.selection import DENSE_CHECK_METRICS, Selection, attempt_filter, raw_rows, samples_cte, watched_runs
 
 # The parts of a tick's read, each a UNION ALL branch over the minute buckets.
 HOUR_PART, CHECKS_PART, EVAL_PART, HISTORY_PART = "hour", "checks", "eval", "history"
