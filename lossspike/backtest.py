@@ -2,13 +2,13 @@
 
 One query reduces the range's telemetry to minute buckets (lossspike.sql.backtest, the
 same buckets the BigQuery tick reads from its rollup view); the minute layer
-(lossspike.minutes) merges them into each tick's baseline and recent windows
+(lossspike.judge.minutes) merges them into each tick's baseline and recent windows
 with Chan's pairwise update. Ticks are whole minutes, as Cloud Scheduler fires
 them, and both windows are whole minutes long, so every window is a union of
 whole buckets and holds exactly the samples `evaluate` would have read at that
 tick. The verdict is `lossspike.rules.rule.loss_spike_reason`'s, computed over every run
 and tick at once by its array twin `loss_spike_codes` (property-tested equal to it),
-and the detectors are lossspike.detectors' own functions, run only where they can
+and the detectors are lossspike.judge.detectors' own functions, run only where they can
 change a verdict: the backtest reduces data differently, it never judges differently.
 The run-health checks are replayed the same way: a second query reads the check
 metrics' buckets, and `lossspike.rules.checks.run_checks` judges each tick's (`CheckReplay`).
@@ -16,7 +16,7 @@ metrics' buckets, and `lossspike.rules.checks.run_checks` judges each tick's (`C
 This module is the entry point (`backtest`) and the engine that ties the parts together, one
 chunk of runs at a time: the ticks and the overrides in force (lossspike.backtest_ticks), the
 grids and their windows (lossspike.backtest_grid), the attempt each tick reads
-(lossspike.backtest_attempts), the seed rule's verdicts (lossspike.seed_verdicts), the detectors
+(lossspike.backtest_attempts), the seed rule's verdicts (lossspike.judge.seed_verdicts), the detectors
 over the grid (lossspike.grid_detectors) and the check replay (lossspike.check_replay), into the
 result and its episodes (lossspike.backtest_result).
 """
@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike import detectors, minutes
 from lossspike.backtest_attempts import attempt_keys, choosing_seq_at, chosen_groups, chosen_phases, previous_groups
 from lossspike.backtest_grid import run_grid_windows, run_grids, seed_windows, window_sum
 from lossspike.backtest_result import Backtest, RunHistory
@@ -38,12 +37,13 @@ from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.check_replay import CheckReplay, read_checks
 from lossspike.evaluate import checks_in_force
 from lossspike.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
-from lossspike.minutes import Partial
+from lossspike.judge import detectors, minutes
+from lossspike.judge.minutes import Partial
+from lossspike.judge.seed_verdicts import CODES, Verdicts, seed_verdicts
 from lossspike.overrides import OverrideRow
 from lossspike.rules.checks import LOSS_JUMP
 from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
 from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
-from lossspike.seed_verdicts import CODES, Verdicts, seed_verdicts
 from lossspike.settings import Settings
 from lossspike.sql.backtest import bucket_groups_query
 from lossspike.sql.selection import metric_names

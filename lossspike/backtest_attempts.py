@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike import minutes
 from lossspike.backtest_grid import window_sum
 from lossspike.backtest_ticks import minute_index
+from lossspike.judge import minutes
 from lossspike.rules.phase import PhaseState
 from lossspike.rules.rule import Thresholds
 

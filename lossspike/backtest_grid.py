@@ -3,7 +3,7 @@
 A row is a run (what its every attempt shares: its samples, newest job and newest loss) or one
 attempt of a run (its loss's partials); a slot is one clock minute. Both windows are whole
 minutes long, so each tick's baseline and recent windows are unions of whole slots, merged with
-the minute layer's `combine` (lossspike.minutes): they hold exactly the samples `evaluate` would
+the minute layer's `combine` (lossspike.judge.minutes): they hold exactly the samples `evaluate` would
 have read. Apart from the engine (lossspike.backtest) because the attempt choice and the
 detectors sum the same windows.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lossspike import minutes
-from lossspike.minutes import Partial
+from lossspike.judge import minutes
+from lossspike.judge.minutes import Partial
 from lossspike.rules.rule import Thresholds
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from lossspike.evaluate import check_row
+from lossspike.judge.seed_verdicts import CODES
 from lossspike.rules.checks import CHECK_REASONS, CHECKS, Fired
 from lossspike.rules.rule import (
     DETECTORS,
@@ -28,7 +29,6 @@ from lossspike.rules.rule import (
     Thresholds,
     alert_rows,
 )
-from lossspike.seed_verdicts import CODES
 
 _PAGING_CODES = frozenset(CODES[r] for r in PAGING_REASONS)
 # The reasons a page may start with (the loss's, then the page checks'), and the notify checks.

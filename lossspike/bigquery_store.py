@@ -2,7 +2,7 @@
 
 A tick is two jobs. The read is one script: refresh the per-minute rollup view,
 then read the watched runs' minute buckets of the hour, summed per loss base (a
-few rows per run), which lossspike.minutes merges into the windows. So a tick
+few rows per run), which lossspike.judge.minutes merges into the windows. So a tick
 bills the telemetry rows that arrived since the last tick once, plus the
 watched runs' minute rows; never the day so far. Without a rollup view (or at a
 time that is not a whole minute) the raw query reads telemetry directly. The

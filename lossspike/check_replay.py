@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike import minutes
 from lossspike.backtest_attempts import NO_ATTEMPT, newest_attempts
 from lossspike.backtest_result import RunHistory
 from lossspike.backtest_ticks import minute_index, policies_in_force
-from lossspike.minutes import Partial
+from lossspike.judge import minutes
+from lossspike.judge.minutes import Partial
+from lossspike.judge.seed_verdicts import CODES
 from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches
 from lossspike.rules.checks import (
     CHECK_MINUTES,
@@ -36,7 +37,6 @@ from lossspike.rules.checks import (
     run_checks_pending,
 )
 from lossspike.rules.rule import HEALTHY, REASONS, RunPolicy, Thresholds
-from lossspike.seed_verdicts import CODES
 from lossspike.settings import Settings
 from lossspike.sql.backtest import check_buckets_query
 from lossspike.sql.selection import CHECK_METRICS

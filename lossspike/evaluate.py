@@ -2,7 +2,7 @@
 
 The layers read one way: the command line and the function call `evaluate`; it asks
 a store (lossspike.store) for one read; the store runs SQL built by lossspike.sql.tick;
-the minute layer (lossspike.minutes) turns the buckets into per-run arrays; the seed
+the minute layer (lossspike.judge.minutes) turns the buckets into per-run arrays; the seed
 rule (lossspike.rules.rule), the detectors and the checks judge them.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from lossspike import minutes
 from lossspike.base.deadline import Deadline
-from lossspike.detectors import LIMITS, detect, recent_width
-from lossspike.minutes import Partial, Previous, TickRuns
+from lossspike.judge import minutes
+from lossspike.judge.detectors import LIMITS, detect, recent_width
+from lossspike.judge.minutes import Partial, Previous, TickRuns
 from lossspike.overrides import (
     LOSS_SCOPE,
     OverrideRow,

@@ -2,7 +2,7 @@
 where it can change the seed verdict, on the attempt the tick reads; and level_shift's
 trend-aware band for the plot.
 
-The findings are lossspike.detectors' own functions: this module only lays out what they read
+The findings are lossspike.judge.detectors' own functions: this module only lays out what they read
 (the grid's hours, the history blocks before them, the excursion episodes), in bounded batches.
 Apart from the engine (lossspike.backtest), which calls `detections` once per chunk of runs.
 """
@@ -14,9 +14,10 @@ from datetime import datetime
 
 import numpy as np
 
-from lossspike import detectors, minutes
 from lossspike.backtest_result import RunHistory
-from lossspike.minutes import Partial
+from lossspike.judge import detectors, minutes
+from lossspike.judge.minutes import Partial
+from lossspike.judge.seed_verdicts import CODES, Verdicts
 from lossspike.rules.rule import (
     DETECTORS,
     HEALTHY,
@@ -28,7 +29,6 @@ from lossspike.rules.rule import (
     RunPolicy,
     Thresholds,
 )
-from lossspike.seed_verdicts import CODES, Verdicts
 from lossspike.sql.tick import HISTORY_BLOCK_MINUTES
 
 # The detectors that read the history blocks before the hour.

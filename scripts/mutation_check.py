@@ -194,7 +194,7 @@ MUTANTS = [
     ),
     Mutant(
         "the backtest's array twin of the rule pages a floor on the band",
-        "lossspike/seed_verdicts.py",
+        "lossspike/judge/seed_verdicts.py",
         'spiking = windows["recent_floor"] > limit',
         'spiking = windows["recent_floor"] >= limit',
         [
@@ -204,14 +204,14 @@ MUTANTS = [
     ),
     Mutant(
         "the backtest's array twin of the rule never reads a run stalled",
-        "lossspike/seed_verdicts.py",
+        "lossspike/judge/seed_verdicts.py",
         "stalled = (stall_us > 0) & (last_loss_us != minutes.NO_TIME)",
         "stalled = (stall_us < 0) & (last_loss_us != minutes.NO_TIME)",
         ["tests/test_backtest.py::test_the_rules_array_twin_equals_the_rule", "tests/test_backtest.py"],
     ),
     Mutant(
         "the backtest's level-shift screen asks for a whole min_rise of step",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "jump, np.asarray(min_rise) / 2)",
         "jump, np.asarray(min_rise))",
         [f"{DETECTORS}::test_the_level_shift_screen_never_hides_a_shift"],
@@ -254,14 +254,14 @@ MUTANTS = [
     # --- the minute layer and the rollup (issue 8) ---
     Mutant(
         "Chan's merge forgets the share of the second part",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         "a.m2 + b.m2 + delta * delta * a.n * share",
         "a.m2 + b.m2 + delta * delta * a.n",
         ["tests/test_rollup.py", "tests/test_backtest.py"],
     ),
     Mutant(
         "a bucket's variance from raw sums, ignoring its base",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         "        mean = base + offsets / count\n",
         "        mean = offsets / count\n",
         ["tests/test_rollup.py", "tests/test_backtest.py"],
@@ -592,7 +592,7 @@ MUTANTS = [
     # --- beyond seed: the detectors, the newest attempt and the run-health checks (issues 18, 15) ---
     Mutant(
         "beyond seed: level_shift fits its trend over the whole baseline, not its last minutes",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    fit = base & (idx >= start - FIT_MINUTES)",
         "    fit = base",
         [
@@ -602,35 +602,35 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: level_shift observes the recent minutes' highest rise, not the lowest",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "observed = _quiet(np.nanmin, np.where(recent & data, floors - baseline.trend, np.nan), axis=-1)",
         "observed = _quiet(np.nanmax, np.where(recent & data, floors - baseline.trend, np.nan), axis=-1)",
         [f"{DETECTORS}::test_oracle_catches_a_wrong_threshold", *DETECTOR_PROPERTIES],
     ),
     Mutant(
         "beyond seed: slow_divergence compares with the mean block, not the best",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    best = _quiet(np.nanmin, blocks, axis=-1)",
         "    best = _quiet(np.nanmean, blocks, axis=-1)",
         [f"{DETECTORS}::test_a_slow_divergence_pages_before_the_seed_rule", *DETECTOR_PROPERTIES],
     ),
     Mutant(
         "beyond seed: slow_divergence's level over five minutes, not ten",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    tail = means[..., minutes - LEVEL_MINUTES :]",
         "    tail = means[..., minutes - 5 :]",
         [f"{DETECTORS}::test_a_slow_divergence_pages_before_the_seed_rule", *DETECTOR_PROPERTIES],
     ),
     Mutant(
         "beyond seed: instability counts excursion minutes, not episodes",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    starts = episode_starts(excursions(grid, sigma, min_rise), grid.n > 0)",
         "    starts = excursions(grid, sigma, min_rise)",
         [f"{DETECTORS}::test_three_excursions_in_the_hour_page_instability", *DETECTOR_PROPERTIES],
     ),
     Mutant(
         "beyond seed: instability's spread always between minutes",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n"
         "    scale = np.nan_to_num(np.where(np.isfinite(within), within, between))",
         "    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n    scale = np.nan_to_num(between)",
@@ -656,14 +656,14 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: newest attempt ties go to the smaller UID",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         "    order = np.lexsort((attempt, seq, times, run))",
         "    order = np.lexsort((-attempt, seq, times, run))",
         [f"{CHECKS}::test_the_newest_attempt_is_that_of_the_newest_loss_or_phase_row", *CHECK_PROPERTIES],
     ),
     Mutant(
         "beyond seed: newest attempt from the loss samples only",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         "    chosen = newest_attempt(run, hour_codes, attempt_keys, size, seq)",
         '    loss_keys = attempt_key(micros(hour_rows, "last_loss_at"), micros(hour_rows, "sample_at"))\n'
         "    chosen = newest_attempt(run, hour_codes, loss_keys, size, seq)",
@@ -671,7 +671,7 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: checks read every attempt",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         '    rows, owner = rows_of("checks", True,',
         '    rows, owner = rows_of("checks", False,',
         [f"{CHECKS}::test_skipped_steps_of_the_previous_attempt_do_not_count", *CHECK_PROPERTIES],
@@ -787,7 +787,7 @@ MUTANTS = [
     # --- issue 24: instability against the run's own history, resume_jump ---
     Mutant(
         "instability: a spike train need not be new for the run",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    return (blocks >= MIN_BLOCKS) & (chance <= NEW_TRAIN_CHANCE)\n",
         "    return blocks >= 0\n",
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
@@ -808,7 +808,7 @@ MUTANTS = [
     ),
     Mutant(
         "resume_jump: the previous attempt's history blocks are not a level it held",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    held = np.maximum(held, np.max(blocks, axis=-1, initial=-np.inf))\n",
         "    held = np.maximum(held, -np.inf)\n",
         [f"{DETECTORS}::test_a_restart_from_a_checkpoint_does_not_page", "tests/test_resume_jump.py"],
@@ -822,14 +822,14 @@ MUTANTS = [
     ),
     Mutant(
         "resume_jump: a job that died in its first minutes is the reference",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         "RESUME_PREVIOUS_MINUTES = 5\n",
         "RESUME_PREVIOUS_MINUTES = 1\n",
         ["tests/test_resume_jump.py"],
     ),
     Mutant(
         "resume_jump: one step is a level",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "    enough = opening.sum(axis=-1) >= MIN_RECENT_MINUTES\n",
         "    enough = opening.sum(axis=-1) >= 1\n",
         ["tests/test_resume_jump.py"],
@@ -888,14 +888,14 @@ MUTANTS = [
     # --- issue 27: the edges the property tests rarely draw, each with an example test ---
     Mutant(
         "issue 27: level_shift pages a floor exactly at its limit",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "& (observed > limit) & (jump >= limit / 2)",
         "& (observed >= limit) & (jump >= limit / 2)",
         [f"{DETECTORS}::test_a_level_shift_exactly_at_its_limit_does_not_page_and_one_ulp_more_does"],
     ),
     Mutant(
         "issue 27: level_shift takes a fall into the window for the step of a shift",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "jump = _quiet(np.nanmax, np.where(near, steps, np.nan), axis=-1)",
         "jump = _quiet(np.nanmax, np.where(near, np.abs(steps), np.nan), axis=-1)",
         [f"{DETECTORS}::test_a_loss_that_flattens_after_a_fall_into_the_window_is_no_level_shift"],
@@ -973,7 +973,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: instability's reference window takes in the minute it judges",
-        "lossspike/detectors.py",
+        "lossspike/judge/detectors.py",
         "(means, REFERENCE_MINUTES, axis=-1)[..., :-1, :]\n"
         "    spreads = np.lib.stride_tricks.sliding_window_view(deviations, REFERENCE_MINUTES, axis=-1)[..., :-1, :]",
         "(means, REFERENCE_MINUTES, axis=-1)[..., 1:, :]\n"
@@ -992,7 +992,7 @@ MUTANTS = [
     # --- seq: Finelog's write order settles a tie of the newest rows' instants (issue 23) ---
     Mutant(
         "seq: the tick forgets which of two same-instant rows was written last",
-        "lossspike/minutes.py",
+        "lossspike/judge/minutes.py",
         "    seq = choosing_seqs(hour_rows)\n",
         "    seq = np.zeros(len(run), dtype=np.int64)\n",
         ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],

@@ -1,9 +1,9 @@
 """A plain-Python recomputation of the detectors, the run-health checks and the newest attempt.
 
-Written from lossspike/detectors.py's module docstring (and docs/rule-and-detectors.md's definitions),
+Written from lossspike/judge/detectors.py's module docstring (and docs/rule-and-detectors.md's definitions),
 SPEC.md's "Beyond the seed rule" and "Run health beyond loss", independently of the
 product: lists, `statistics.median` and `math.fsum` over raw samples, no numpy, and no
-import of lossspike.detectors, lossspike.evaluate, lossspike.minutes or lossspike.rules.checks.
+import of lossspike.judge.detectors, lossspike.evaluate, lossspike.judge.minutes or lossspike.rules.checks.
 It imports only value objects (Thresholds, Selection, OverrideRow) and tests/oracle.py's
 Sample and LIKE, so a bug in the product's minute layer cannot sit on both sides.
 
@@ -32,7 +32,7 @@ NON_FINITE_MAGNITUDE = 1e150
 # verdict may flip only where the compared value is this close to its limit (SPEC.md).
 FLIP_REL = 1e-9
 
-# The detectors' constants, from docs/rule-and-detectors.md / lossspike.detectors' docstring.
+# The detectors' constants, from docs/rule-and-detectors.md / lossspike.judge.detectors' docstring.
 LEVEL_MINUTES = 10  # slow divergence's current level: median minute mean of the last ten minutes
 FIT_MINUTES = 20  # level_shift's trend: the minutes before the recent window, in two halves by rank
 MIN_HALF_MINUTES = 3  # a level: a median of three minutes, once the one tilting it down is dropped

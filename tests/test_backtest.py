@@ -33,11 +33,12 @@ from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
 from telemetry import telemetry_samples
 
-from lossspike import minutes
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
+from lossspike.judge import minutes
+from lossspike.judge.seed_verdicts import CellThresholds, loss_spike_codes
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.rules.rule import (
     REASONS,
@@ -49,7 +50,6 @@ from lossspike.rules.rule import (
     is_stalled,
     loss_spike_reason,
 )
-from lossspike.seed_verdicts import CellThresholds, loss_spike_codes
 from lossspike.settings import Settings
 from lossspike.sql.dialects import Query
 from lossspike.sql.selection import Selection

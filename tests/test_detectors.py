@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from incidents import Plan, falling_run, loss_overrides, loss_row, plans, rows_for, samples_of, store_for
 from oracle import Sample, assert_rows_match, expected
 
-from lossspike import detectors
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.evaluate import evaluate
-from lossspike.minutes import Partial
+from lossspike.judge import detectors
+from lossspike.judge.minutes import Partial
 from lossspike.overrides import OverrideRow
 from lossspike.rules.median import median
 from lossspike.rules.rule import Thresholds

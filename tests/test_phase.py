@@ -30,12 +30,12 @@ from incidents import rows_for, store_for
 from oracle import Sample
 from servers import bigquery as bqserver
 
-from lossspike import minutes
 from lossspike.backtest import backtest
 from lossspike.backtest_attempts import chosen_groups
 from lossspike.backtest_ticks import tick_times
 from lossspike.bigquery_store import BigQueryStore
 from lossspike.evaluate import evaluate
+from lossspike.judge import minutes
 from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.rules.rule import Thresholds
 from lossspike.settings import ConfigError, Settings, load_settings

@@ -13,13 +13,13 @@ from conftest import NOW, seed_settings, write_database
 from oracle import Sample, expected
 from telemetry import telemetry_samples
 
-from lossspike import minutes
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
-from lossspike.detectors import shift_baseline
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate, tick_windows
-from lossspike.minutes import Partial
+from lossspike.judge import minutes
+from lossspike.judge.detectors import shift_baseline
+from lossspike.judge.minutes import Partial
 from lossspike.plot import check_episodes, run_figure
 from lossspike.rules.rule import Thresholds
 from lossspike.settings import Settings

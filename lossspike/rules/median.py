@@ -1,6 +1,6 @@
 """The median of NaN-holed arrays, shared by the detectors and the checks' loss_jump.
 
-A module of its own, below both: lossspike.detectors reads the minute layer, which
+A module of its own, below both: lossspike.judge.detectors reads the minute layer, which
 reads lossspike.rules.checks, so the checks cannot import it from the detectors.
 """
 

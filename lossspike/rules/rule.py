@@ -29,7 +29,7 @@ SLOW_DIVERGENCE = "slow_divergence"
 INSTABILITY = "instability"
 RESUME_JUMP = "resume_jump"
 HEALTHY = "healthy"
-# The detectors beyond the seed rule (lossspike.detectors), in the order they are tried.
+# The detectors beyond the seed rule (lossspike.judge.detectors), in the order they are tried.
 DETECTORS = (LEVEL_SHIFT, SLOW_DIVERGENCE, INSTABILITY, RESUME_JUMP)
 # In the order the rule tries them; the first that matches wins.
 REASONS = (NOT_FINITE, STALLED, WARMING_UP, SPIKING, *DETECTORS, HEALTHY)
@@ -93,7 +93,7 @@ class Thresholds:
     # has died or hung before its first step. 0 turns the check off.
     initializing_minutes: int = 45
 
-    # --- the detectors (lossspike.detectors; docs/rule-and-detectors.md defines each) ---
+    # --- the detectors (lossspike.judge.detectors; docs/rule-and-detectors.md defines each) ---
     # A level shift smaller than this is within what a hero run's loss wanders by in an
     # hour; 0.1 nats is where the published incidents start to matter.
     shift_min_rise: float = 0.1

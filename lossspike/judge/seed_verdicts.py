@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lossspike import minutes
+from lossspike.judge import minutes
 from lossspike.rules.rule import HEALTHY, NOT_FINITE, REASONS, SPIKING, STALLED, WARMING_UP, RunPolicy, Thresholds
 
 CODES = {reason: code for code, reason in enumerate(REASONS)}

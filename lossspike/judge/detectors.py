@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lossspike.minutes import Partial, Previous
+from lossspike.judge.minutes import Partial, Previous
 from lossspike.rules.median import median
 from lossspike.rules.rule import (
     INSTABILITY,
