@@ -24,7 +24,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
-from lossspike.overrides import OverrideRow, escape_like, run_policies
+from lossspike.config.overrides import OverrideRow, escape_like, run_policies
 from lossspike.rules.rule import Thresholds
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

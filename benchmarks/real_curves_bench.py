@@ -63,8 +63,8 @@ def load(files: list[Path], database: Path) -> tuple[dict[str, dict[str, float]]
     the execution_uid `STEM-attempt-N`.
     """
     sys.path.insert(0, str(REPO))
-    from lossspike.overrides import OverrideRow, overrides_table_name, write_duckdb
-    from lossspike.settings import Settings
+    from lossspike.config.overrides import OverrideRow, overrides_table_name, write_duckdb
+    from lossspike.config.settings import Settings
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
     start = START.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -35,16 +35,16 @@ from lossspike.backtest_grid import run_grid_windows, run_grids, seed_windows, w
 from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.check_replay import CheckReplay, read_checks
+from lossspike.config.overrides import OverrideRow
+from lossspike.config.settings import Settings
 from lossspike.evaluate import checks_in_force
 from lossspike.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
 from lossspike.judge import detectors, minutes
 from lossspike.judge.minutes import Partial
 from lossspike.judge.seed_verdicts import CODES, Verdicts, seed_verdicts
-from lossspike.overrides import OverrideRow
 from lossspike.rules.checks import LOSS_JUMP
 from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
 from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
-from lossspike.settings import Settings
 from lossspike.sql.backtest import bucket_groups_query
 from lossspike.sql.selection import metric_names
 from lossspike.store import Store

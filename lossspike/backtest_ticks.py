@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from lossspike.base.times import format_rfc3339
-from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches, resolve
+from lossspike.config.overrides import LOSS_SCOPE, OverrideRow, matches, resolve
 from lossspike.rules.rule import RunPolicy, Thresholds
 
 # A month of minutes is a few million (run, tick) verdicts; beyond that, split the range.

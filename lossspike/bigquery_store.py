@@ -34,7 +34,7 @@ from lossspike.base.schema import (
     telemetry_shape,
     telemetry_type_problem,
 )
-from lossspike.overrides import (
+from lossspike.config.overrides import (
     OVERRIDES_SCHEMA,
     UNREADABLE,
     OverrideRow,
@@ -42,7 +42,7 @@ from lossspike.overrides import (
     overrides_table_name,
     rows_from_arrow,
 )
-from lossspike.settings import Settings
+from lossspike.config.settings import Settings
 from lossspike.sql.dialects import BIGQUERY, Query
 from lossspike.sql.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
 from lossspike.sql.tick import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of

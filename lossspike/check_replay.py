@@ -20,10 +20,11 @@ import pyarrow as pa
 from lossspike.backtest_attempts import NO_ATTEMPT, newest_attempts
 from lossspike.backtest_result import RunHistory
 from lossspike.backtest_ticks import minute_index, policies_in_force
+from lossspike.config.overrides import LOSS_SCOPE, OverrideRow, matches
+from lossspike.config.settings import Settings
 from lossspike.judge import minutes
 from lossspike.judge.minutes import Partial
 from lossspike.judge.seed_verdicts import CODES
-from lossspike.overrides import LOSS_SCOPE, OverrideRow, matches
 from lossspike.rules.checks import (
     CHECK_MINUTES,
     EVAL_LOOKBACK_MINUTES,
@@ -37,7 +38,6 @@ from lossspike.rules.checks import (
     run_checks_pending,
 )
 from lossspike.rules.rule import HEALTHY, REASONS, RunPolicy, Thresholds
-from lossspike.settings import Settings
 from lossspike.sql.backtest import check_buckets_query
 from lossspike.sql.selection import CHECK_METRICS
 from lossspike.store import Store

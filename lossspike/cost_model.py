@@ -388,8 +388,8 @@ def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
     The view is clustered by (metric, minute): with pruning a part reads only its roles' rows of
     its range; without, every row of the partitions its range touches. One table, one 10 MiB minimum.
     """
+    from lossspike.config.settings import Settings
     from lossspike.evaluate import tick_windows
-    from lossspike.settings import Settings
 
     windows = tick_windows(Settings(detectors=fleet.detectors, checks=None if fleet.checks else ()), now)
     total, notes = 0.0, []

@@ -15,10 +15,7 @@ from typing import Any
 import numpy as np
 
 from lossspike.base.deadline import Deadline
-from lossspike.judge import minutes
-from lossspike.judge.detectors import LIMITS, detect, recent_width
-from lossspike.judge.minutes import Partial, Previous, TickRuns
-from lossspike.overrides import (
+from lossspike.config.overrides import (
     LOSS_SCOPE,
     OverrideRow,
     overrides_table_name,
@@ -26,6 +23,10 @@ from lossspike.overrides import (
     unusable_rows,
     unusable_summary,
 )
+from lossspike.config.settings import Settings
+from lossspike.judge import minutes
+from lossspike.judge.detectors import LIMITS, detect, recent_width
+from lossspike.judge.minutes import Partial, Previous, TickRuns
 from lossspike.rules.checks import (
     CHECK_MINUTES,
     CHECKS,
@@ -54,7 +55,6 @@ from lossspike.rules.rule import (
     loss_spike_reason,
     reference,
 )
-from lossspike.settings import Settings
 from lossspike.sql.selection import metric_names
 from lossspike.sql.tick import TickWindows
 from lossspike.store import Store, TickRead

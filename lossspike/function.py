@@ -9,7 +9,7 @@ from typing import Any
 
 from lossspike.base.deadline import Deadline
 from lossspike.base.times import Clock, format_rfc3339, parse_rfc3339, wall_clock, whole_minute
-from lossspike.settings import Settings
+from lossspike.config.settings import Settings
 from lossspike.store import Store
 from lossspike.tick import Sink, TickResult, run_tick
 

@@ -38,8 +38,8 @@ from google.api_core.retry import Retry, if_exception_type
 from google.cloud import monitoring_v3
 
 from lossspike.base.deadline import Deadline
+from lossspike.config.settings import Settings
 from lossspike.rules.rule import NOTIFY, PAGE, is_fleet_row
-from lossspike.settings import Settings
 
 # Limits from https://cloud.google.com/monitoring/quotas ("User-defined metrics"):
 # at most 200 time series per write request, and one point per series per request.

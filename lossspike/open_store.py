@@ -7,7 +7,7 @@ types from there, are not imported back by the module they import.
 from __future__ import annotations
 
 from lossspike.base.errors import StoreError
-from lossspike.settings import Settings
+from lossspike.config.settings import Settings
 from lossspike.store import Store
 
 

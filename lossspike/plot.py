@@ -21,6 +21,7 @@ import numpy as np
 from lossspike.backtest import BacktestError, backtest
 from lossspike.backtest_result import Backtest, RunHistory
 from lossspike.base.times import format_rfc3339
+from lossspike.config.settings import Settings
 from lossspike.report import describe
 from lossspike.rules.checks import CHECK_REASONS, CHECKS
 from lossspike.rules.rule import (
@@ -38,7 +39,6 @@ from lossspike.rules.rule import (
     is_finite,
     reference,
 )
-from lossspike.settings import Settings
 from lossspike.sql.backtest import run_samples_query
 from lossspike.store import Store
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from lossspike.base.deadline import Deadline
 from lossspike.base.schema import TelemetryShape
-from lossspike.overrides import OverrideRow
-from lossspike.settings import Settings
+from lossspike.config.overrides import OverrideRow
+from lossspike.config.settings import Settings
 from lossspike.sql.dialects import Dialect, Query
 from lossspike.sql.tick import TickWindows
 

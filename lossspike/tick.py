@@ -23,11 +23,11 @@ from typing import Any, TextIO
 
 from lossspike.base.deadline import Deadline
 from lossspike.base.times import format_rfc3339
+from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate_tick
 from lossspike.render import jsonable
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import REASONS, is_fleet_row
-from lossspike.settings import Settings
 from lossspike.store import Store
 
 # A sink takes the tick's rows and its deadline and returns what it did, for the

@@ -97,7 +97,7 @@ MUTANTS = [
     ),
     Mutant(
         "pending: an override row longer than the settings' is accepted",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "pending > base.check_pending_minutes:",
         "pending > base.check_pending_minutes + 1:",
         [f"{CHECKS}::test_an_override_row_sets_one_runs_period_and_a_longer_one_is_refused"],
@@ -419,7 +419,7 @@ MUTANTS = [
     # --- issue 17: override rows written wrong, arguments, messages ---
     Mutant(
         "issue 17: an unusable row keeps the silences of the runs it could match",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         'return RunPolicy(thresholds, silenced and len(usable) == len(candidates), found["note"], found["finished"])',
         'return RunPolicy(thresholds, silenced, found["note"], found["finished"])',
         [
@@ -429,7 +429,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: a refused threshold does not make its row unusable",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "found = threshold_problems(SimpleNamespace(**{**merged, column: value}))",
         "found = []",
         ["tests/test_overrides.py::test_invalid_hand_written_threshold_is_reported_and_its_silences_lifted"],
@@ -447,7 +447,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 25: an override row naming an unknown reason is usable",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "return row.reason is None or row.reason in REASON_SCOPES",
         "return True",
         [f"{HOSTILE_UNUSABLE}[reason in capitals]", "tests/test_overrides.py"],
@@ -468,35 +468,35 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: a pattern ending in a lone backslash counts as usable",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "    return trailing % 2 == 1",
         "    return False",
         [f"{HOSTILE_UNUSABLE}[pattern ending in a lone backslash]"],
     ),
     Mutant(
         "issue 17: the pattern index misses suffix-anchored patterns",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "candidates += self.suffix.get(run[size - length :], ())",
         "candidates += self.suffix.get(run[size - length + 1 :], ())",
         [INDEXED],
     ),
     Mutant(
         "issue 17: the pattern index misses an inner literal at the end of a run",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "            for start in range(size - length + 1):",
         "            for start in range(size - length):",
         [INDEXED],
     ),
     Mutant(
         "issue 17: DuckDB times out of range are read as they are",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         'if kind == "TIMESTAMP" and dialect.name == "duckdb":',
         "if False:",
         [f"{HOSTILE_UNUSABLE}[infinity]", f"{HOSTILE_UNUSABLE}[before year 1]"],
     ),
     Mutant(
         "issue 17: a column of the wrong type is read as it is",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         "    if stored.strip().upper() not in accepted:",
         "    if False:",
         [
@@ -506,7 +506,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: a write to an older overrides table does not add the missing column",
-        "lossspike/overrides.py",
+        "lossspike/config/overrides.py",
         'if column["name"] not in stored and column["mode"] == "NULLABLE":',
         "if False:",
         ["tests/test_hostile.py::test_an_overrides_table_missing_a_column"],
@@ -880,7 +880,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 34: a default that no longer fits stays and refuses the baseline set alone",
-        "lossspike/settings.py",
+        "lossspike/config/settings.py",
         "    groups[Thresholds] = following_defaults(groups[Thresholds])\n",
         "",
         ["tests/test_settings.py::test_a_baseline_set_alone_takes_the_defaults_that_must_stay_below_it_along"],

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from incidents import falling_run
 from oracle import Sample
 
-from lossspike.overrides import OverrideRow
+from lossspike.config.overrides import OverrideRow
 from lossspike.rules.rule import Thresholds
 
 # Thresholds that turn every check on (the model-specific ones need one); the values are Marin's.

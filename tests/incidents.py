@@ -18,9 +18,9 @@ from hypothesis import event
 from hypothesis import strategies as st
 from oracle import Sample
 
+from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow, write_duckdb
+from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
-from lossspike.overrides import OVERRIDES_TABLE, OverrideRow, write_duckdb
-from lossspike.settings import Settings
 
 KINDS = (
     "clean",

@@ -35,11 +35,12 @@ from telemetry import telemetry_samples
 
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
+from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
+from lossspike.config.settings import Settings
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.judge import minutes
 from lossspike.judge.seed_verdicts import CellThresholds, loss_spike_codes
-from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.rules.rule import (
     REASONS,
     WARMING_UP,
@@ -50,7 +51,6 @@ from lossspike.rules.rule import (
     is_stalled,
     loss_spike_reason,
 )
-from lossspike.settings import Settings
 from lossspike.sql.dialects import Query
 from lossspike.sql.selection import Selection
 
@@ -404,7 +404,7 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
     with Counting(demo_db, read_only=True) as store:
         strict_result, loose_result = backtest(store, seed_settings(), ticks, [base, loose], detail=True)
         # One query for the telemetry, however many variants (the override rows are read apart,
-        # by lossspike.overrides.read_duckdb).
+        # by lossspike.config.overrides.read_duckdb).
         buckets = [q for q in calls if "loss_base" in q.sql]
         assert len(buckets) == 1 and len(calls) == 1
         assert buckets[0].params["rows_start"] == ticks[0] - timedelta(minutes=90)

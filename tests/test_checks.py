@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from incidents import falling_run, rows_for
 from oracle import Sample
 
-from lossspike.overrides import OverrideRow
+from lossspike.config.overrides import OverrideRow
+from lossspike.config.settings import Settings
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import Settings
 
 MINUTE = timedelta(minutes=1)
 # The checks' window: SPEC.md's "last 15 min".

@@ -25,10 +25,10 @@ from servers import bigquery as bqserver
 from servers import monitoring as monserver
 from servers.proxy import Faults, faulty_proxy
 
+from lossspike.config.settings import OPTIONS
 from lossspike.function import bigquery_backend
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import REASONS, Thresholds
-from lossspike.settings import OPTIONS
 from lossspike.sql.selection import CHECK_METRICS, Selection
 
 PROJECT = "lossspike-cloud"
@@ -435,8 +435,8 @@ def _paging_rows(
 
 
 def _sink(monitoring):
+    from lossspike.config.settings import Settings
     from lossspike.monitoring import MonitoringSink
-    from lossspike.settings import Settings
 
     return MonitoringSink(Settings(project=PROJECT), monserver.make_client(monitoring.address))
 
@@ -607,8 +607,8 @@ def test_notify_rows_reach_only_the_notice_metric(monitoring):
 
 
 def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
+    from lossspike.config.settings import Settings
     from lossspike.function import Backend, handle
-    from lossspike.settings import Settings
 
     calls = []
     backend = Backend(store=None, sinks={"x": lambda rows, deadline: calls.append(rows) or {}})
@@ -633,9 +633,9 @@ def test_a_tick_without_a_schedule_time_takes_the_current_whole_minute():
 
 def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
     from lossspike.base.deadline import Deadline
+    from lossspike.config.settings import Settings
     from lossspike.demo import write_demo_database
     from lossspike.duckdb_store import DuckDBStore
-    from lossspike.settings import Settings
     from lossspike.tick import run_tick
 
     database = tmp_path / "d.duckdb"
@@ -666,9 +666,9 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
 def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
     import io
 
+    from lossspike.config.settings import Settings
     from lossspike.demo import write_demo_database
     from lossspike.duckdb_store import DuckDBStore
-    from lossspike.settings import Settings
     from lossspike.tick import run_tick
 
     database = tmp_path / "d.duckdb"

@@ -23,13 +23,13 @@ from oracle import Sample, assert_rows_match, expected
 
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
+from lossspike.config.overrides import OverrideRow
+from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
 from lossspike.judge import detectors
 from lossspike.judge.minutes import Partial
-from lossspike.overrides import OverrideRow
 from lossspike.rules.median import median
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql.selection import Selection
 
 MINUTE = timedelta(minutes=1)

@@ -561,7 +561,7 @@ sys.path.insert(0, "tests")
 from conftest import NOW, write_database
 from test_hostile import fleet
 from lossspike.duckdb_store import DuckDBStore
-from lossspike.settings import Settings
+from lossspike.config.settings import Settings
 from lossspike.tick import run_tick
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -712,7 +712,7 @@ SILENCE_UNTIL = "TIMESTAMPTZ '2026-11-30 13:00:00+00'"
 def _overrides_db(path: Path, types: dict[str, str] | None = None, rows: list[dict[str, str]] = ()) -> Path:
     """The fleet plus an overrides table made by hand: `types` replace the schema's DuckDB types
     (no NOT NULL, as a careless CREATE TABLE leaves it), `rows` are SQL expressions per column."""
-    from lossspike.overrides import OVERRIDES_SCHEMA, overrides_table_ddl
+    from lossspike.config.overrides import OVERRIDES_SCHEMA, overrides_table_ddl
 
     write_database(path, fleet())
     with duckdb.connect(str(path)) as connection:
@@ -1079,7 +1079,7 @@ def test_an_empty_run_id_is_never_enrolled_whatever_the_pattern():
 
     from lossspike.backtest import backtest
     from lossspike.backtest_ticks import tick_times
-    from lossspike.settings import Settings
+    from lossspike.config.settings import Settings
     from lossspike.sql.selection import Selection
 
     samples = [

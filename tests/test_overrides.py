@@ -17,9 +17,7 @@ from hypothesis import strategies as st
 from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
-from lossspike.duckdb_store import DuckDBStore
-from lossspike.evaluate import evaluate
-from lossspike.overrides import (
+from lossspike.config.overrides import (
     LOSS_SCOPE,
     THRESHOLD_COLUMNS,
     OverrideRow,
@@ -31,6 +29,8 @@ from lossspike.overrides import (
     run_policies,
     unusable_rows,
 )
+from lossspike.duckdb_store import DuckDBStore
+from lossspike.evaluate import evaluate
 from lossspike.rules.rule import THRESHOLD_RANGES, Thresholds
 
 T = Thresholds()
@@ -341,10 +341,10 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
     from servers import bigquery as bqserver
 
     from lossspike import cli as cli_module
-    from lossspike import overrides
     from lossspike.bigquery_store import BigQueryStore
-    from lossspike.overrides import OVERRIDES_SCHEMA
-    from lossspike.settings import load_settings
+    from lossspike.config import overrides
+    from lossspike.config.overrides import OVERRIDES_SCHEMA
+    from lossspike.config.settings import load_settings
 
     project = "lossspike-overrides"
     suffix = uuid.uuid4().hex[:8]

@@ -28,9 +28,9 @@ from oracle import Sample
 from servers import bigquery as bqserver
 
 from lossspike.bigquery_store import BigQueryStore
+from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql.selection import Selection
 
 PROJECT = "lossspike-parity"

@@ -34,11 +34,11 @@ from lossspike.backtest import backtest
 from lossspike.backtest_attempts import chosen_groups
 from lossspike.backtest_ticks import tick_times
 from lossspike.bigquery_store import BigQueryStore
+from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
+from lossspike.config.settings import ConfigError, Settings, load_settings
 from lossspike.evaluate import evaluate
 from lossspike.judge import minutes
-from lossspike.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import ConfigError, Settings, load_settings
 from lossspike.sql.selection import Selection
 
 MINUTE = timedelta(minutes=1)

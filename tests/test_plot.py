@@ -15,6 +15,7 @@ from telemetry import telemetry_samples
 
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
+from lossspike.config.settings import Settings
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate, tick_windows
 from lossspike.judge import minutes
@@ -22,7 +23,6 @@ from lossspike.judge.detectors import shift_baseline
 from lossspike.judge.minutes import Partial
 from lossspike.plot import check_episodes, run_figure
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql.selection import Selection
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -15,8 +15,8 @@ from oracle import Sample
 
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
+from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
-from lossspike.settings import Settings
 
 MINUTE = timedelta(minutes=1)
 
@@ -102,7 +102,7 @@ def test_resume_jump_is_off_with_the_seed_settings_and_follows_the_override_colu
     samples = [s for s in resumed(11.0) if s.timestamp < NOW]
     seed = Settings(detectors=(), attempts="all", checks=())
     assert loss_row(rows_for(samples, seed))["reason"] != "resume_jump"
-    from lossspike.overrides import OverrideRow
+    from lossspike.config.overrides import OverrideRow
 
     raised = [OverrideRow("hero-a", NOW - 2 * MINUTE, resume_min_rise=20.0)]
     assert loss_row(rows_for(samples, Settings(), overrides=raised))["reason"] == "warming_up"

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from oracle import assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
+from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import LossWindows, enrolled_runs
-from lossspike.settings import Settings
 from lossspike.sql.tick import loss_window_query
 
 # Merged statistics against the raw query's (issue 8): counts, floors and peaks exact;

@@ -27,8 +27,8 @@ from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
 from lossspike.bigquery_store import BigQueryStore
+from lossspike.config.settings import Settings
 from lossspike.rules.rule import Thresholds, alert_rows
-from lossspike.settings import Settings
 from lossspike.sql.selection import Selection
 from lossspike.tick import run_tick
 
@@ -250,7 +250,7 @@ def test_a_telemetry_column_of_the_wrong_type_is_refused_in_one_line(emulator):
 def test_the_tick_reads_override_rows_in_its_statement_only_after_they_change(emulator, endpoint):
     from google.cloud import bigquery
 
-    from lossspike.overrides import OVERRIDES_SCHEMA, OverrideRow, write_bigquery
+    from lossspike.config.overrides import OVERRIDES_SCHEMA, OverrideRow, write_bigquery
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     table = deployment.settings.alerts_table.rsplit(".", 1)[0] + ".loss_spike_overrides"
@@ -341,7 +341,7 @@ def _overrides_table(deployment: Deployment, types: dict[str, str] | None = None
     """The overrides table beside the alerts, as Terraform makes it, or with some columns retyped."""
     from google.cloud import bigquery
 
-    from lossspike.overrides import OVERRIDES_SCHEMA
+    from lossspike.config.overrides import OVERRIDES_SCHEMA
 
     table = deployment.settings.alerts_table.rsplit(".", 1)[0] + ".loss_spike_overrides"
     fields = [
@@ -369,7 +369,7 @@ def _spiking(deployment: Deployment, tick: datetime) -> None:
 
 @pytest.mark.parametrize("read", ["raw", "rollup"])
 def test_a_row_written_after_a_ticks_time_but_before_its_read_counts_from_the_next_tick(emulator, read):
-    from lossspike.overrides import OverrideRow, write_bigquery
+    from lossspike.config.overrides import OverrideRow, write_bigquery
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     table = _overrides_table(deployment)

@@ -8,8 +8,8 @@ import re
 import pytest
 from conftest import REPO
 
+from lossspike.config.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 from lossspike.rules.rule import DETECTORS, THRESHOLD_RANGES, Thresholds
-from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 from lossspike.sql.selection import CHECK_METRICS, Selection
 
 # The detector and check thresholds, each set in one test to 7, or 0.5 where a fraction must stay below 1.
@@ -146,7 +146,7 @@ def settings_table_problems(page: str) -> list[str]:
     documented = documented_settings(page)
     variables = [variable for variable, _ in documented]
     known = [option.env for option in OPTIONS]
-    problems = [f"{v}: not a setting of lossspike.settings OPTIONS" for v in variables if v not in known]
+    problems = [f"{v}: not a setting of lossspike.config.settings OPTIONS" for v in variables if v not in known]
     problems += [f"{v}: missing from the table" for v in known if v not in variables]
     if not problems and variables != known:
         problems.append("the rows are not in OPTIONS' order")
@@ -169,12 +169,12 @@ def test_the_table_check_fails_on_a_wrong_row():
     typo = page.replace(
         "| `LOSSSPIKE_BACKEND` |", "| `LOSSSPIKE_BAKEND` | `duckdb` | a typo |\n| `LOSSSPIKE_BACKEND` |", 1
     )
-    assert settings_table_problems(typo) == ["LOSSSPIKE_BAKEND: not a setting of lossspike.settings OPTIONS"]
+    assert settings_table_problems(typo) == ["LOSSSPIKE_BAKEND: not a setting of lossspike.config.settings OPTIONS"]
     stale = page.replace("| `LOSSSPIKE_SIGMA` | `6.0` |", "| `LOSSSPIKE_SIGMA` | `5.0` |", 1)
     assert settings_table_problems(stale) == ["LOSSSPIKE_SIGMA: default `5.0`, the settings module says `6.0`"]
     missing = page.replace("| `LOSSSPIKE_SIGMA` |", "| `SIGMA` |", 1)
     assert settings_table_problems(missing) == [
-        "SIGMA: not a setting of lossspike.settings OPTIONS",
+        "SIGMA: not a setting of lossspike.config.settings OPTIONS",
         "LOSSSPIKE_SIGMA: missing from the table",
     ]
 

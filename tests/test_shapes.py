@@ -23,10 +23,10 @@ from telemetry import telemetry_samples
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import SHAPES
+from lossspike.config.settings import Settings
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import Settings
 from lossspike.sql.backtest import run_samples_query
 from lossspike.sql.selection import Selection
 from lossspike.sql.tick import loss_window_query

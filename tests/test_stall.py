@@ -10,9 +10,9 @@ from conftest import NOW, evaluate_samples, seed_settings, write_database
 from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
+from lossspike.config.settings import ConfigError, Settings, load_settings
 from lossspike.duckdb_store import DuckDBStore
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import ConfigError, Settings, load_settings
 from lossspike.sql.selection import Selection
 
 MS = timedelta(milliseconds=1)

@@ -19,9 +19,9 @@ import pytest
 from tiers import require_tool
 
 from lossspike.base.schema import SHAPES
+from lossspike.config.settings import OPTIONS, load_settings
 from lossspike.rules.checks import EVAL_LOOKBACK_MINUTES
 from lossspike.rules.rule import PAGING_REASONS, Thresholds
-from lossspike.settings import OPTIONS, load_settings
 from lossspike.sql.rollup_view import ROLLUP_TEMPLATES, rollup_template_name, rollup_view_query, rollup_view_template
 from lossspike.sql.selection import CHECK_METRICS, Selection
 
@@ -333,7 +333,7 @@ NOT_VARIABLES = {
 
 
 def test_every_setting_is_a_variable_passed_to_the_function(plan: dict) -> None:
-    # Drift: a setting added to lossspike.settings.OPTIONS needs a Terraform variable of the same
+    # Drift: a setting added to lossspike.config.settings.OPTIONS needs a Terraform variable of the same
     # name that reaches the function as its LOSSSPIKE_* variable (or a line above saying why not).
     variables = set(plan["configuration"]["root_module"]["variables"])
     env = _after(plan, "google_cloudfunctions2_function.evaluator")["service_config"][0]["environment_variables"]

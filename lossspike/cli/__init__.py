@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from lossspike.cli import backtest, cost, load, overrides, run
 from lossspike.cli.common import Parser, UsageError
-from lossspike.settings import ConfigError
+from lossspike.config.settings import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:

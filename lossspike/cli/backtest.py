@@ -11,7 +11,7 @@ from typing import Any
 
 from lossspike.base.times import parse_rfc3339, wall_clock
 from lossspike.cli.common import add_rule_flags, command_settings
-from lossspike.settings import ConfigError, Settings, default_text
+from lossspike.config.settings import ConfigError, Settings, default_text
 
 # A backtest holds a grid of every run's minute buckets over its range plus the
 # longest baseline before it; 45 days of minutes (a month's range and two weeks of

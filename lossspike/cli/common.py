@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import NoReturn
 
 from lossspike.base.times import parse_rfc3339, wall_clock
+from lossspike.config.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 from lossspike.rules.rule import Thresholds
-from lossspike.settings import OPTIONS, ConfigError, Settings, default_text, load_settings
 from lossspike.sql.selection import Selection
 
 # Settings a command line can override; backend and cloud settings come from the environment.

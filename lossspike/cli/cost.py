@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from lossspike.base.times import wall_clock
-from lossspike.settings import ConfigError, load_settings
+from lossspike.config.settings import ConfigError, load_settings
 
 
 def add_parsers(commands: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from lossspike.base.times import parse_rfc3339
 from lossspike.cli.common import command_settings
-from lossspike.settings import ConfigError, default_text
+from lossspike.config.settings import ConfigError, default_text
 
 
 def add_parsers(commands: Any) -> None:

@@ -12,11 +12,11 @@ from typing import Any
 
 from lossspike.base.times import format_rfc3339, parse_rfc3339
 from lossspike.cli.common import tick_now
-from lossspike.overrides import THRESHOLD_COLUMNS
-from lossspike.settings import OPTIONS, ConfigError, default_text, load_settings
+from lossspike.config.overrides import THRESHOLD_COLUMNS
+from lossspike.config.settings import OPTIONS, ConfigError, default_text, load_settings
 
-# The thresholds a team may set per run (lossspike.overrides.THRESHOLD_COLUMNS).
-# Every per-run threshold: the override table's threshold columns (lossspike.overrides).
+# The thresholds a team may set per run (lossspike.config.overrides.THRESHOLD_COLUMNS).
+# Every per-run threshold: the override table's threshold columns (lossspike.config.overrides).
 _OVERRIDE_FLAGS = THRESHOLD_COLUMNS
 # `--for 90m`, `--for 2h`, `--for 1d`: the units a silence is thought of in.
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -89,7 +89,7 @@ class _OverrideTable:
     """The overrides table on the configured backend: insert a row, read the rows, list watched runs."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from lossspike.overrides import overrides_table_name
+        from lossspike.config.overrides import overrides_table_name
 
         # The environment's settings only: an override's own threshold flags are the row, not the base.
         where = {"database": args.database, "backend": "duckdb" if args.database else None}
@@ -98,8 +98,8 @@ class _OverrideTable:
         self.client: Any = None
         self.account: str | None = None
         if self.settings.backend == "bigquery":
-            from lossspike import overrides
             from lossspike.base.errors import StoreError
+            from lossspike.config import overrides
 
             try:
                 self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
@@ -117,13 +117,13 @@ class _OverrideTable:
         return self.table if self.client is not None else f"{self.table} in {self.settings.database}"
 
     def created_by(self) -> str:
-        from lossspike.overrides import os_user
+        from lossspike.config.overrides import os_user
 
         return self.account or os_user()
 
     def insert(self, row: Any) -> None:
-        from lossspike import overrides
         from lossspike.base.errors import StoreError
+        from lossspike.config import overrides
 
         if self.client is None:
             try:
@@ -166,7 +166,7 @@ class _OverrideTable:
 
 
 def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
-    from lossspike.overrides import LOSS_SCOPE, UNKNOWN_CLUSTER, OverrideRow, escape_like
+    from lossspike.config.overrides import LOSS_SCOPE, UNKNOWN_CLUSTER, OverrideRow, escape_like
     from lossspike.rules.checks import CHECK_REASONS
 
     if not args.run.strip():
@@ -191,7 +191,7 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
     from lossspike.base.errors import StoreError
-    from lossspike.overrides import matches
+    from lossspike.config.overrides import matches
     from lossspike.render import terminal_safe
 
     table.insert(row)
@@ -213,7 +213,7 @@ def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
 
 
 def _describe_override(row: Any) -> str:
-    from lossspike.overrides import RESOLVED_COLUMNS
+    from lossspike.config.overrides import RESOLVED_COLUMNS
 
     parts = [f"run {row.run_pattern!r}", f"cluster {row.cluster or 'any'}"]
     if row.reason is not None:
@@ -256,9 +256,9 @@ def _cmd_override(args: argparse.Namespace) -> int:
     from dataclasses import fields
     from types import SimpleNamespace
 
-    from lossspike.overrides import MAX_INTEGER
+    from lossspike.config.overrides import MAX_INTEGER
+    from lossspike.config.settings import OPTIONS_BY_KEY
     from lossspike.rules.rule import threshold_problems
-    from lossspike.settings import OPTIONS_BY_KEY
 
     given = {key: getattr(args, key) for key in _OVERRIDE_FLAGS if getattr(args, key) is not None}
     if not given:
@@ -287,7 +287,7 @@ def _cmd_override(args: argparse.Namespace) -> int:
 
 
 def _cmd_overrides(args: argparse.Namespace) -> int:
-    from lossspike.overrides import describe_unusable, in_force, unusable_rows
+    from lossspike.config.overrides import describe_unusable, in_force, unusable_rows
     from lossspike.render import terminal_safe
 
     now = tick_now(args)

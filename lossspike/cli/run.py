@@ -12,7 +12,7 @@ from typing import Any
 
 from lossspike.base.times import format_rfc3339
 from lossspike.cli.common import add_now, add_rule_flags, command_settings, tick_now
-from lossspike.settings import OPTIONS, default_text, load_settings
+from lossspike.config.settings import OPTIONS, default_text, load_settings
 
 # The demo keeps its synthetic fleet out of the user's own database.
 DEMO_DATABASE = "lossspike-demo.duckdb"

@@ -45,7 +45,8 @@ from lossspike.rules.rule import RunPolicy, Thresholds, threshold_problems
 from lossspike.sql.dialects import Dialect, quote_table, validate_table
 
 OVERRIDES_TABLE = "loss_spike_overrides"
-OVERRIDES_SCHEMA_PATH = Path(__file__).with_name("overrides_schema.json")
+# The JSON sits at the package root, where Terraform and the function source read it too.
+OVERRIDES_SCHEMA_PATH = Path(__file__).parent.parent / "overrides_schema.json"
 OVERRIDES_SCHEMA: list[dict[str, str]] = json.loads(OVERRIDES_SCHEMA_PATH.read_text())
 OVERRIDE_COLUMNS = tuple(c["name"] for c in OVERRIDES_SCHEMA)
 # The Thresholds fields a row may set for a run; the windows' lengths stay global
