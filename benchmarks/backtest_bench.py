@@ -41,9 +41,9 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import telemetry_table_ddl
 from lossspike.config.settings import Settings
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import REASONS
+from lossspike.stores.duckdb import DuckDBStore
 
 DAY_START = datetime(2026, 11, 29, tzinfo=UTC)
 # The rules timed: issue 18's yardstick is the per-tick loop with the seed rule.

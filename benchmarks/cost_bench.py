@@ -36,13 +36,13 @@ from servers import bigquery as bqserver  # noqa: E402
 from servers.proxy import Faults, faulty_proxy  # noqa: E402
 
 from lossspike import cost_model, cost_statements  # noqa: E402
-from lossspike.bigquery_store import BigQueryStore  # noqa: E402
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings  # noqa: E402
 from lossspike.evaluate import evaluate  # noqa: E402
 from lossspike.rules.rule import enrolled_runs  # noqa: E402
 from lossspike.sql.rollup_view import rollup_view_query  # noqa: E402
 from lossspike.sql.selection import Selection  # noqa: E402
 from lossspike.sql.tick import loss_window_query  # noqa: E402
+from lossspike.stores.bigquery import BigQueryStore  # noqa: E402
 
 PROJECT = "lossspike-cost"
 DAY = datetime(2026, 11, 30, tzinfo=UTC)
@@ -111,7 +111,7 @@ def merge_error() -> float:
     """The worst relative error of the merged mean and stddev where sigma x stddev decides the band."""
     from conftest import load_telemetry
 
-    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.stores.duckdb import DuckDBStore
 
     rng = random.Random(11)
     store = DuckDBStore(":memory:")

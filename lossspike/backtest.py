@@ -47,7 +47,7 @@ from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
 from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
 from lossspike.sql.backtest import bucket_groups_query
 from lossspike.sql.selection import metric_names
-from lossspike.store import Store
+from lossspike.stores.store import Store
 
 # Dense (runs x minutes) grids are built this many cells at a time, bounding memory.
 _CHUNK_CELLS = 4_000_000

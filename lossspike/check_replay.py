@@ -40,7 +40,7 @@ from lossspike.rules.checks import (
 from lossspike.rules.rule import HEALTHY, REASONS, RunPolicy, Thresholds
 from lossspike.sql.backtest import check_buckets_query
 from lossspike.sql.selection import CHECK_METRICS
-from lossspike.store import Store
+from lossspike.stores.store import Store
 
 _HEALTHY_CODE = CODES[HEALTHY]
 _DENSE_KEYS = tuple(key for key in CHECK_METRICS if key != "eval")

@@ -191,7 +191,7 @@ MAX_FLEET = {"runs": 10**6, "metrics": 10**4, "non_hero_runs": 10**7}
 MAX_HZ = 1000.0
 # BigQuery's largest row is 100 MB (https://cloud.google.com/bigquery/quotas#load_jobs).
 MAX_ROW_BYTES = 100e6
-# How often the tick re-reads the override rows when nothing changed (lossspike.bigquery_store).
+# How often the tick re-reads the override rows when nothing changed (lossspike.stores.bigquery).
 OVERRIDES_READS_PER_MONTH = 30 * 24
 # Times of day the bill must not depend on: just after midnight, noon, late evening.
 TIMES_OF_DAY = ("00:10", "12:00", "23:50")

@@ -1,7 +1,7 @@
 """One evaluation: the store reads the tick's minute buckets, the rules judge every run.
 
 The layers read one way: the command line and the function call `evaluate`; it asks
-a store (lossspike.store) for one read; the store runs SQL built by lossspike.sql.tick;
+a store (lossspike.stores.store) for one read; the store runs SQL built by lossspike.sql.tick;
 the minute layer (lossspike.judge.minutes) turns the buckets into per-run arrays; the seed
 rule (lossspike.rules.rule), the detectors and the checks judge them.
 """
@@ -57,7 +57,7 @@ from lossspike.rules.rule import (
 )
 from lossspike.sql.selection import metric_names
 from lossspike.sql.tick import TickWindows
-from lossspike.store import Store, TickRead
+from lossspike.stores.store import Store, TickRead
 
 __all__ = ["checks_in_force", "enrolled", "evaluate", "evaluate_tick", "judge", "tick_windows"]
 

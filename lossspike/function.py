@@ -10,7 +10,7 @@ from typing import Any
 from lossspike.base.deadline import Deadline
 from lossspike.base.times import Clock, format_rfc3339, parse_rfc3339, wall_clock, whole_minute
 from lossspike.config.settings import Settings
-from lossspike.store import Store
+from lossspike.stores.store import Store
 from lossspike.tick import Sink, TickResult, run_tick
 
 SCHEDULE_HEADER = "X-CloudScheduler-ScheduleTime"
@@ -68,7 +68,7 @@ def preload(settings: Settings) -> None:
     """Import what this instance's ticks need now, at cold start, not in the first tick."""
     import importlib
 
-    modules = ["lossspike.bigquery_store" if settings.backend == "bigquery" else "lossspike.duckdb_store"]
+    modules = ["lossspike.stores.bigquery" if settings.backend == "bigquery" else "lossspike.stores.duckdb"]
     if settings.monitoring_enabled:
         modules.append("lossspike.monitoring")
     for module in modules:
@@ -84,7 +84,7 @@ def _alerts_sink(store: Store) -> Sink:
 
 def bigquery_backend(settings: Settings, bigquery_client: Any = None, monitoring_client: Any = None) -> Backend:
     """BigQuery reads and writes, plus Cloud Monitoring; clients default to the environment's."""
-    from lossspike.bigquery_store import BigQueryStore
+    from lossspike.stores.bigquery import BigQueryStore
 
     store = BigQueryStore(settings, bigquery_client)
     sinks: dict[str, Sink] = {"alerts_table": _alerts_sink(store)}
@@ -94,7 +94,7 @@ def bigquery_backend(settings: Settings, bigquery_client: Any = None, monitoring
 
 def duckdb_backend(settings: Settings, monitoring_client: Any = None) -> Backend:
     """The embedded default: telemetry and alert rows in LOSSSPIKE_DATABASE."""
-    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.stores.duckdb import DuckDBStore
 
     store = DuckDBStore(settings.database, settings.telemetry_table, settings.alerts_table)
     sinks: dict[str, Sink] = {"alerts_table": _alerts_sink(store)}

@@ -40,7 +40,7 @@ from lossspike.rules.rule import (
     reference,
 )
 from lossspike.sql.backtest import run_samples_query
-from lossspike.store import Store
+from lossspike.stores.store import Store
 
 # One colour per reason, shared by the shading and the legend.
 REASON_COLOURS = {

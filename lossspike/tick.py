@@ -28,7 +28,7 @@ from lossspike.evaluate import evaluate_tick
 from lossspike.render import jsonable
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import REASONS, is_fleet_row
-from lossspike.store import Store
+from lossspike.stores.store import Store
 
 # A sink takes the tick's rows and its deadline and returns what it did, for the
 # response and the log; {"ok": False, "error": ...} in it reports a partial failure.

@@ -513,7 +513,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: the raw BigQuery read caches only the rows written by now",
-        "lossspike/bigquery_store.py",
+        "lossspike/stores/bigquery.py",
         "overrides = self._cache_overrides(rows_from_arrow(rows.rename_columns(list(OVERRIDE_TYPES)), problems))",
         "overrides = self._cache_overrides([r for r in rows_from_arrow("
         "rows.rename_columns(list(OVERRIDE_TYPES)), problems) if r.created_at is None or r.created_at <= now])",
@@ -521,14 +521,14 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: a job that never finishes fails with a bare TimeoutError",
-        "lossspike/bigquery_store.py",
+        "lossspike/stores/bigquery.py",
         "        except TimeoutError as error:",
         "        except ZeroDivisionError as error:",
         [f"{ROLLUP_CLOUD}::test_a_read_started_with_a_nearly_spent_deadline_ends_in_time_and_says_why"],
     ),
     Mutant(
         "issue 17: missing credentials are an unexpected error",
-        "lossspike/bigquery_store.py",
+        "lossspike/stores/bigquery.py",
         'raise StoreError(f"cannot open BigQuery: {_one_line(error)}") from None',
         "raise",
         ["tests/test_hostile.py::test_every_bigquery_command_without_credentials_says_so_in_one_line"],
@@ -577,7 +577,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: an SQLite file is handed to DuckDB",
-        "lossspike/duckdb_store.py",
+        "lossspike/stores/duckdb.py",
         "if not self._in_memory and _is_sqlite(self.path):",
         "if False:",
         ["tests/test_hostile.py::test_an_sqlite_file_is_named_as_such"],

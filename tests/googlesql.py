@@ -16,8 +16,8 @@ from sqlglot import exp
 from sqlglot.dialects.bigquery import BigQuery
 from sqlglot.tokens import TokenType
 
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.sql.dialects import BIGQUERY, Query
+from lossspike.stores.duckdb import DuckDBStore
 
 # GoogleSQL function names, from "All functions" of the GoogleSQL for BigQuery reference
 # (https://cloud.google.com/bigquery/docs/reference/standard-sql/functions-all) and its

@@ -37,7 +37,6 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import Settings
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.judge import minutes
 from lossspike.judge.seed_verdicts import CellThresholds, loss_spike_codes
@@ -53,6 +52,7 @@ from lossspike.rules.rule import (
 )
 from lossspike.sql.dialects import Query
 from lossspike.sql.selection import Selection
+from lossspike.stores.duckdb import DuckDBStore
 
 NOW_TEXT = "2026-11-30T12:00:00Z"
 

@@ -635,7 +635,7 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
     from lossspike.base.deadline import Deadline
     from lossspike.config.settings import Settings
     from lossspike.demo import write_demo_database
-    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.stores.duckdb import DuckDBStore
     from lossspike.tick import run_tick
 
     database = tmp_path / "d.duckdb"
@@ -668,7 +668,7 @@ def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
 
     from lossspike.config.settings import Settings
     from lossspike.demo import write_demo_database
-    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.stores.duckdb import DuckDBStore
     from lossspike.tick import run_tick
 
     database = tmp_path / "d.duckdb"

@@ -13,9 +13,9 @@ from commandline import lossspike, one_line_error
 from servers import bigquery as bqserver
 
 from lossspike import cost_model, cost_report, cost_statements
-from lossspike.bigquery_store import BigQueryStore
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings
 from lossspike.rules.rule import DETECTORS
+from lossspike.stores.bigquery import BigQueryStore
 
 RUNS = (10, 100, 1000)
 ROLLUP_DESIGNS = ("rollup, HOUR partitions", "rollup, DAY partitions")

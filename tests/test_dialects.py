@@ -16,7 +16,6 @@ from oracle import Sample, assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
 from lossspike.base.schema import ALERT_COLUMNS, SHAPES
-from lossspike.bigquery_store import OVERRIDE_TYPES
 from lossspike.config.overrides import OVERRIDES_SCHEMA, overrides_select
 from lossspike.cost_report import actual_query
 from lossspike.evaluate import evaluate
@@ -27,6 +26,7 @@ from lossspike.sql.rollup_view import rollup_view_query
 from lossspike.sql.selection import Selection
 from lossspike.sql.tick import TICK_READ_TYPES, TickWindows, loss_window_query, tick_read_query, with_rows_of
 from lossspike.sql.write import append_sql, write_script
+from lossspike.stores.bigquery import OVERRIDE_TYPES
 
 TABLE = "my-project.telemetry.levanter"
 # The override table as Terraform makes it, and as a careless hand makes it: a time stored as

@@ -560,7 +560,7 @@ from pathlib import Path
 sys.path.insert(0, "tests")
 from conftest import NOW, write_database
 from test_hostile import fleet
-from lossspike.duckdb_store import DuckDBStore
+from lossspike.stores.duckdb import DuckDBStore
 from lossspike.config.settings import Settings
 from lossspike.tick import run_tick
 
@@ -1020,7 +1020,7 @@ def test_a_database_from_the_previous_release_takes_check_rows(tmp_path):
     import duckdb
 
     from lossspike.base.schema import telemetry_table_ddl
-    from lossspike.duckdb_store import DuckDBStore
+    from lossspike.stores.duckdb import DuckDBStore
 
     released = json.loads((Path(__file__).parent / "released" / "alerts_schema.json").read_text())
     kinds = {

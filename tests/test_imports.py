@@ -156,10 +156,10 @@ def test_the_projects_own_modules_import_no_circle():
 
 def test_the_graph_sees_imports_at_module_level_and_inside_functions():
     graph = import_graph()
-    # Module level: `from lossspike.store import ...` in the DuckDB store.
-    assert "lossspike.store" in graph["lossspike.duckdb_store"]
+    # Module level: `from lossspike.stores.store import ...` in the DuckDB store.
+    assert "lossspike.stores.store" in graph["lossspike.stores.duckdb"]
     # Inside a function: the factory imports each store where it opens it.
-    assert {"lossspike.duckdb_store", "lossspike.bigquery_store"} <= set(graph["lossspike.open_store"])
+    assert {"lossspike.stores.duckdb", "lossspike.stores.bigquery"} <= set(graph["lossspike.stores.open"])
     # `from lossspike import minutes` names a module, not the package.
     assert "lossspike.judge.minutes" in graph["lossspike.evaluate"]
     # The type-only import in labels' `if TYPE_CHECKING:` block never runs.

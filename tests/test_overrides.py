@@ -29,9 +29,9 @@ from lossspike.config.overrides import (
     run_policies,
     unusable_rows,
 )
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import THRESHOLD_RANGES, Thresholds
+from lossspike.stores.duckdb import DuckDBStore
 
 T = Thresholds()
 MINUTE = timedelta(minutes=1)
@@ -341,10 +341,10 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
     from servers import bigquery as bqserver
 
     from lossspike import cli as cli_module
-    from lossspike.bigquery_store import BigQueryStore
     from lossspike.config import overrides
     from lossspike.config.overrides import OVERRIDES_SCHEMA
     from lossspike.config.settings import load_settings
+    from lossspike.stores.bigquery import BigQueryStore
 
     project = "lossspike-overrides"
     suffix = uuid.uuid4().hex[:8]

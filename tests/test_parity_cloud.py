@@ -27,11 +27,11 @@ from incidents import falling_run
 from oracle import Sample
 from servers import bigquery as bqserver
 
-from lossspike.bigquery_store import BigQueryStore
 from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
+from lossspike.stores.bigquery import BigQueryStore
 
 PROJECT = "lossspike-parity"
 MINUTE = timedelta(minutes=1)

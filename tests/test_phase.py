@@ -33,13 +33,13 @@ from servers import bigquery as bqserver
 from lossspike.backtest import backtest
 from lossspike.backtest_attempts import chosen_groups
 from lossspike.backtest_ticks import tick_times
-from lossspike.bigquery_store import BigQueryStore
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import ConfigError, Settings, load_settings
 from lossspike.evaluate import evaluate
 from lossspike.judge import minutes
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
+from lossspike.stores.bigquery import BigQueryStore
 
 MINUTE = timedelta(minutes=1)
 PROJECT = "lossspike-phase"

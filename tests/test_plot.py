@@ -16,7 +16,6 @@ from telemetry import telemetry_samples
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.settings import Settings
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate, tick_windows
 from lossspike.judge import minutes
 from lossspike.judge.detectors import shift_baseline
@@ -24,6 +23,7 @@ from lossspike.judge.minutes import Partial
 from lossspike.plot import check_episodes, run_figure
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
+from lossspike.stores.duckdb import DuckDBStore
 
 PNG = b"\x89PNG\r\n\x1a\n"
 RANGE = ("--start", "2026-11-30T11:00:00Z", "--end", "2026-11-30T12:00:00Z")

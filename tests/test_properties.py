@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from oracle import CROSS_ENGINE_REL, Sample, assert_rows_match, expected
 from strategies import fleets, judged_fleets, near_band, record, selections, thresholds
 
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
+from lossspike.stores.duckdb import DuckDBStore
 
 # Below these shares of examples holding a row of each kind, the judged-run property stops
 # testing the verdict it exists for (measured 0.39 / 0.44 / 0.26 / 0.35 / 0.46 when written).

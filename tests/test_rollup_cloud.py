@@ -26,10 +26,10 @@ from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 
 from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
-from lossspike.bigquery_store import BigQueryStore
 from lossspike.config.settings import Settings
 from lossspike.rules.rule import Thresholds, alert_rows
 from lossspike.sql.selection import Selection
+from lossspike.stores.bigquery import BigQueryStore
 from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"

@@ -24,12 +24,12 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import SHAPES
 from lossspike.config.settings import Settings
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.backtest import run_samples_query
 from lossspike.sql.selection import Selection
 from lossspike.sql.tick import loss_window_query
+from lossspike.stores.duckdb import DuckDBStore
 
 REAL_SHAPES = ("levanter.metrics", "telemetry_v1")
 # Processes publishing every metric on the hero run the facts file counts (hero_monitor.py: 704 rows

@@ -36,11 +36,11 @@ from test_shapes import (
 )
 
 from lossspike.base.schema import SHAPES
-from lossspike.bigquery_store import BigQueryStore
 from lossspike.config.settings import Settings
 from lossspike.evaluate import evaluate
 from lossspike.sql.rollup_view import rollup_view_query
 from lossspike.sql.selection import Selection
+from lossspike.stores.bigquery import BigQueryStore
 
 PROJECT = "lossspike-shapes"
 REAL_SHAPES = ("levanter.metrics", "telemetry_v1")

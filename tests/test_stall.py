@@ -11,9 +11,9 @@ from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
 from lossspike.config.settings import ConfigError, Settings, load_settings
-from lossspike.duckdb_store import DuckDBStore
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
+from lossspike.stores.duckdb import DuckDBStore
 
 MS = timedelta(milliseconds=1)
 

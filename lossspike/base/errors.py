@@ -1,6 +1,6 @@
 """StoreError, the one error a store raises, in a module below every store.
 
-Below lossspike.store, too: that module names the override rows of lossspike.config.overrides,
+Below lossspike.stores.store, too: that module names the override rows of lossspike.config.overrides,
 whose DuckDB write raises this error when the table cannot take a row.
 """
 

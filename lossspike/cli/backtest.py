@@ -124,8 +124,8 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
 def _cmd_backtest(args: argparse.Namespace) -> int:
     from lossspike.backtest import backtest
     from lossspike.labels import labels_table, score_labels
-    from lossspike.open_store import open_store
     from lossspike.report import report_json, report_table
+    from lossspike.stores.open import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=24))
@@ -169,8 +169,8 @@ def _labels(path: str) -> list[Any]:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from lossspike.open_store import open_store
     from lossspike.plot import plot_run
+    from lossspike.stores.open import open_store
 
     settings = _history_settings(args)
     ticks = _ticks(args, timedelta(hours=1))

@@ -86,7 +86,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 def _cost_actual(args: argparse.Namespace) -> int:
     from lossspike.base.errors import StoreError
     from lossspike.cost_report import actual_query, render_actual
-    from lossspike.open_store import open_store
+    from lossspike.stores.open import open_store
 
     settings = load_settings(os.environ)
     if settings.backend != "bigquery":

@@ -108,7 +108,7 @@ class _OverrideTable:
                 raise StoreError(f"cannot open BigQuery: {reason}") from None
 
     def _duckdb(self, read_only: bool) -> Any:
-        from lossspike.duckdb_store import DuckDBStore
+        from lossspike.stores.duckdb import DuckDBStore
 
         s = self.settings
         return DuckDBStore(s.database, s.telemetry_table, s.alerts_table, read_only=read_only)
@@ -149,7 +149,7 @@ class _OverrideTable:
         if self.client is None:
             with self._duckdb(read_only=True) as store:
                 return store.read_overrides(now)
-        from lossspike.bigquery_store import BigQueryStore
+        from lossspike.stores.bigquery import BigQueryStore
 
         return BigQueryStore(self.settings, self.client).read_overrides(now)
 
@@ -160,7 +160,7 @@ class _OverrideTable:
         if self.client is None:
             with self._duckdb(read_only=True) as store:
                 return enrolled(store, self.settings, now)
-        from lossspike.bigquery_store import BigQueryStore
+        from lossspike.stores.bigquery import BigQueryStore
 
         return enrolled(BigQueryStore(self.settings, self.client), self.settings, now)
 

@@ -53,9 +53,9 @@ def add_parsers(commands: Any) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from lossspike.duckdb_store import DuckDBStore
     from lossspike.evaluate import evaluate_tick
     from lossspike.render import render, terminal_safe
+    from lossspike.stores.duckdb import DuckDBStore
 
     settings = command_settings(args, database=args.database, backend="duckdb")
     now = tick_now(args)
@@ -75,9 +75,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lossspike.demo import DEMO_RUNS, write_demo_database
-    from lossspike.duckdb_store import DuckDBStore
     from lossspike.evaluate import evaluate
     from lossspike.render import render
+    from lossspike.stores.duckdb import DuckDBStore
 
     now = tick_now(args).replace(second=0, microsecond=0)
     path = Path(args.database)

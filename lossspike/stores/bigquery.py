@@ -47,7 +47,7 @@ from lossspike.sql.dialects import BIGQUERY, Query
 from lossspike.sql.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
 from lossspike.sql.tick import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
 from lossspike.sql.write import append_sql, write_script
-from lossspike.store import TickRead
+from lossspike.stores.store import TickRead
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
 # so each may spend at most this long, retries included.

@@ -1,8 +1,8 @@
 """Where telemetry is read and alert rows are written: the store protocol and the read it returns.
 
-Two stores implement it: DuckDB (lossspike.duckdb_store, the embedded default)
-and BigQuery (lossspike.bigquery_store); both import this module, and
-lossspike.open_store, above them, opens the one the settings name. Their error,
+Two stores implement it: DuckDB (lossspike.stores.duckdb, the embedded default)
+and BigQuery (lossspike.stores.bigquery); both import this module, and
+lossspike.stores.open, above them, opens the one the settings name. Their error,
 StoreError, sits below in lossspike.base.errors: the overrides' own DuckDB write
 raises it, and this module imports the override rows.
 """

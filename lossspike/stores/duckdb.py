@@ -29,7 +29,7 @@ from lossspike.config.overrides import OverrideRow, overrides_table_name, read_d
 from lossspike.config.settings import Settings
 from lossspike.sql.dialects import DUCKDB, Query, quote_table
 from lossspike.sql.tick import TickWindows, tick_read_query
-from lossspike.store import TickRead
+from lossspike.stores.store import TickRead
 
 # Times are compared and truncated in UTC whatever the process time zone, which
 # DuckDB otherwise takes as its session time zone.
