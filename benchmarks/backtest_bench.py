@@ -6,7 +6,7 @@ then over the day's 1,440 one-minute ticks:
 
   1. times `lossspike.backtest.backtest` (one query, numpy merges, the rule over every run
      and tick) with the seed rule (`--detectors none --checks none`) and with the defaults;
-  2. times the yardstick: a loop of `lossspike.evaluate.evaluate`, one query per tick, with
+  2. times the yardstick: a loop of `lossspike.evaluation.evaluate.evaluate`, one query per tick, with
      the seed rule (`--detectors none --checks none`, issue 18's fixed yardstick);
   3. checks that the seed backtest gives the loop's reason for every run at every tick the
      loop ran, and the defaults' backtest evaluate's with the defaults on one tick an hour.
@@ -41,7 +41,7 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import telemetry_table_ddl
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import REASONS
 from lossspike.stores.duckdb import DuckDBStore
 

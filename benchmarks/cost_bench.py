@@ -37,7 +37,7 @@ from servers.proxy import Faults, faulty_proxy  # noqa: E402
 
 from lossspike import cost_model, cost_statements  # noqa: E402
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings  # noqa: E402
-from lossspike.evaluate import evaluate  # noqa: E402
+from lossspike.evaluation.evaluate import evaluate  # noqa: E402
 from lossspike.rules.rule import enrolled_runs  # noqa: E402
 from lossspike.sql.rollup_view import rollup_view_query  # noqa: E402
 from lossspike.sql.selection import Selection  # noqa: E402

@@ -37,7 +37,7 @@ from lossspike.backtest_ticks import minute_index, policies_in_force
 from lossspike.check_replay import CheckReplay, read_checks
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
-from lossspike.evaluate import checks_in_force
+from lossspike.evaluation.evaluate import checks_in_force
 from lossspike.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
 from lossspike.judge import detectors, minutes
 from lossspike.judge.minutes import Partial

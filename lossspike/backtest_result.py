@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lossspike.evaluate import check_row
+from lossspike.evaluation.evaluate import check_row
 from lossspike.judge.seed_verdicts import CODES
 from lossspike.rules.checks import CHECK_REASONS, CHECKS, Fired
 from lossspike.rules.rule import (

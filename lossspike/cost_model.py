@@ -389,7 +389,7 @@ def view_read_part(fleet: Fleet, now: datetime, pruned: bool) -> Part:
     its range; without, every row of the partitions its range touches. One table, one 10 MiB minimum.
     """
     from lossspike.config.settings import Settings
-    from lossspike.evaluate import tick_windows
+    from lossspike.evaluation.evaluate import tick_windows
 
     windows = tick_windows(Settings(detectors=fleet.detectors, checks=None if fleet.checks else ()), now)
     total, notes = 0.0, []

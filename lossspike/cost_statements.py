@@ -235,7 +235,7 @@ def tick_statements(fleet: Fleet, now: datetime, rollup: bool = True) -> tuple[l
     """The jobs a tick sends at `now`, built by the store's own SQL builders; (jobs, the views they refresh)."""
     from lossspike.base.schema import SHAPES
     from lossspike.config.settings import Settings
-    from lossspike.evaluate import tick_windows
+    from lossspike.evaluation.evaluate import tick_windows
     from lossspike.rules.rule import Thresholds
     from lossspike.sql.dialects import BIGQUERY
     from lossspike.sql.rollup_view import refresh_statement, rollup_view_query, with_refresh_status

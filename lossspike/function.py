@@ -10,8 +10,8 @@ from typing import Any
 from lossspike.base.deadline import Deadline
 from lossspike.base.times import Clock, format_rfc3339, parse_rfc3339, wall_clock, whole_minute
 from lossspike.config.settings import Settings
+from lossspike.evaluation.tick import Sink, TickResult, run_tick
 from lossspike.stores.store import Store
-from lossspike.tick import Sink, TickResult, run_tick
 
 SCHEDULE_HEADER = "X-CloudScheduler-ScheduleTime"
 # Scheduler sends POST; GET lets an engineer with invoker rights curl a tick.

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lossspike.base.times import format_rfc3339, parse_rfc3339
-from lossspike.render import terminal_safe
+from lossspike.evaluation.render import terminal_safe
 
 if TYPE_CHECKING:
     from lossspike.backtest_result import Backtest

@@ -75,7 +75,7 @@ MUTANTS = [
     ),
     Mutant(
         "pending: every earlier tick reads now's window (evaluate)",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "        tick = end - k * minutes.MICROS_PER_MINUTE",
         "        tick = end",
         [f"{CHECKS}::test_a_value_gone_stale_at_an_earlier_tick_breaks_the_period", *CHECK_PROPERTIES],
@@ -89,7 +89,7 @@ MUTANTS = [
     ),
     Mutant(
         "pending: loss_jump's earlier ticks read now's hour",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "runs.floors[:, width - k - hour : width - k],\n"
         "            runs.floor_counts[:, width - k - hour : width - k],",
         "runs.floors[:, width - hour : width],\n            runs.floor_counts[:, width - hour : width],",
@@ -275,7 +275,7 @@ MUTANTS = [
     ),
     Mutant(
         "the tick merges the recent minutes into the baseline",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "        base = minutes.merge_slots(runs.grid, 0, hour - width)",
         "        base = minutes.merge_slots(runs.grid, 0, hour)",
         ["tests/test_rollup.py"],
@@ -542,7 +542,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: the tick counts as ok with unusable override rows",
-        "lossspike/tick.py",
+        "lossspike/evaluation/tick.py",
         "and self.unusable_overrides is None",
         "and True",
         ["tests/test_hostile.py::test_the_function_writes_every_verdict_and_answers_500_for_an_unusable_row"],
@@ -638,7 +638,7 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: a slow-stepping run's window is not widened",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "    widths = np.where(slow, np.maximum(widths, widened), widths)",
         "    widths = np.where(slow, widths, widths)",
         [
@@ -649,7 +649,7 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: the detectors judge every warming_up run",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "    judged = np.array([r == HEALTHY for r in reasons]) | slow",
         "    judged = np.array([r in (HEALTHY, WARMING_UP) for r in reasons]) | slow",
         [f"{DETECTORS}::test_a_run_back_from_a_long_pause_stays_warming_up", *DETECTOR_PROPERTIES],
@@ -815,7 +815,7 @@ MUTANTS = [
     ),
     Mutant(
         "resume_jump: a warming-up run is not judged",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "    judged = np.array([r == HEALTHY for r in reasons]) | slow | (warming & resumes)\n",
         "    judged = np.array([r == HEALTHY for r in reasons]) | slow\n",
         ["tests/test_resume_jump.py"],
@@ -851,7 +851,7 @@ MUTANTS = [
     ),
     Mutant(
         "beyond seed: a check's row takes the loss row's overrides",
-        "lossspike/evaluate.py",
+        "lossspike/evaluation/evaluate.py",
         "finished_policy(phases[i], by_check[check].get(key, plain), windows_i.last_loss_at)",
         "finished_policy(phases[i], policies[i], windows_i.last_loss_at)",
         [f"{CHECKS}::test_a_checks_threshold_comes_from_its_scoped_override_row", *CHECK_PROPERTIES],

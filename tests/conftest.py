@@ -17,7 +17,7 @@ from tiers import QUICK, quick_examples  # noqa: E402
 
 from lossspike.base.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl  # noqa: E402
 from lossspike.config.settings import Settings  # noqa: E402
-from lossspike.evaluate import evaluate  # noqa: E402
+from lossspike.evaluation.evaluate import evaluate  # noqa: E402
 from lossspike.stores.duckdb import DuckDBStore  # noqa: E402
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -3,7 +3,7 @@
 Written from lossspike/judge/detectors.py's module docstring (and docs/rule-and-detectors.md's definitions),
 SPEC.md's "Beyond the seed rule" and "Run health beyond loss", independently of the
 product: lists, `statistics.median` and `math.fsum` over raw samples, no numpy, and no
-import of lossspike.judge.detectors, lossspike.evaluate, lossspike.judge.minutes or lossspike.rules.checks.
+import of lossspike.judge.detectors, lossspike.evaluation.evaluate, lossspike.judge.minutes or lossspike.rules.checks.
 It imports only value objects (Thresholds, Selection, OverrideRow) and tests/oracle.py's
 Sample and LIKE, so a bug in the product's minute layer cannot sit on both sides.
 

@@ -20,7 +20,7 @@ from oracle import Sample
 
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow, write_duckdb
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 
 KINDS = (
     "clean",

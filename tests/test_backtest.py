@@ -37,7 +37,7 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.judge import minutes
 from lossspike.judge.seed_verdicts import CellThresholds, loss_spike_codes
 from lossspike.rules.rule import (

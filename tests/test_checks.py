@@ -406,7 +406,7 @@ def test_an_override_row_sets_one_runs_period_and_a_longer_one_is_refused():
 
     from incidents import store_for
 
-    from lossspike.evaluate import evaluate_tick
+    from lossspike.evaluation.evaluate import evaluate_tick
 
     longer = OverrideRow("hero-a", NOW - 5 * MINUTE, check_pending_minutes=6)
     shorter_b = OverrideRow("hero-b", NOW - 5 * MINUTE, check_pending_minutes=0)

@@ -16,7 +16,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from oracle import Sample, assert_rows_match, expected
 
-from lossspike.render import json_array
+from lossspike.evaluation.render import json_array
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
 

@@ -635,8 +635,8 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
     from lossspike.base.deadline import Deadline
     from lossspike.config.settings import Settings
     from lossspike.demo import write_demo_database
+    from lossspike.evaluation.tick import run_tick
     from lossspike.stores.duckdb import DuckDBStore
-    from lossspike.tick import run_tick
 
     database = tmp_path / "d.duckdb"
     write_demo_database(database, NOW)
@@ -668,8 +668,8 @@ def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
 
     from lossspike.config.settings import Settings
     from lossspike.demo import write_demo_database
+    from lossspike.evaluation.tick import run_tick
     from lossspike.stores.duckdb import DuckDBStore
-    from lossspike.tick import run_tick
 
     database = tmp_path / "d.duckdb"
     write_demo_database(database, NOW)

@@ -25,7 +25,7 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.judge import detectors
 from lossspike.judge.minutes import Partial
 from lossspike.rules.median import median

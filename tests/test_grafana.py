@@ -30,7 +30,7 @@ from lossspike import cost_model
 from lossspike.base.times import format_rfc3339
 from lossspike.config.settings import Settings
 from lossspike.demo import write_demo_database
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.checks import CHECKS
 from lossspike.rules.rule import NOTIFY, PAGING_REASONS, REASONS
 from lossspike.sql.selection import Selection

@@ -562,7 +562,7 @@ from conftest import NOW, write_database
 from test_hostile import fleet
 from lossspike.stores.duckdb import DuckDBStore
 from lossspike.config.settings import Settings
-from lossspike.tick import run_tick
+from lossspike.evaluation.tick import run_tick
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 store = DuckDBStore(write_database(Path(sys.argv[1]), fleet()))

@@ -161,7 +161,7 @@ def test_the_graph_sees_imports_at_module_level_and_inside_functions():
     # Inside a function: the factory imports each store where it opens it.
     assert {"lossspike.stores.duckdb", "lossspike.stores.bigquery"} <= set(graph["lossspike.stores.open"])
     # `from lossspike import minutes` names a module, not the package.
-    assert "lossspike.judge.minutes" in graph["lossspike.evaluate"]
+    assert "lossspike.judge.minutes" in graph["lossspike.evaluation.evaluate"]
     # The type-only import in labels' `if TYPE_CHECKING:` block never runs.
     assert "lossspike.backtest" not in graph["lossspike.labels"]
 

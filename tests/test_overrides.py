@@ -29,7 +29,7 @@ from lossspike.config.overrides import (
     run_policies,
     unusable_rows,
 )
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import THRESHOLD_RANGES, Thresholds
 from lossspike.stores.duckdb import DuckDBStore
 

@@ -28,7 +28,7 @@ from oracle import Sample
 from servers import bigquery as bqserver
 
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
 from lossspike.stores.bigquery import BigQueryStore

@@ -35,7 +35,7 @@ from lossspike.backtest_attempts import chosen_groups
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import ConfigError, Settings, load_settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.judge import minutes
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection

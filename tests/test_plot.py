@@ -16,7 +16,7 @@ from telemetry import telemetry_samples
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate, tick_windows
+from lossspike.evaluation.evaluate import evaluate, tick_windows
 from lossspike.judge import minutes
 from lossspike.judge.detectors import shift_baseline
 from lossspike.judge.minutes import Partial

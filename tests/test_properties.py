@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from oracle import CROSS_ENGINE_REL, Sample, assert_rows_match, expected
 from strategies import fleets, judged_fleets, near_band, record, selections, thresholds
 
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
 from lossspike.stores.duckdb import DuckDBStore

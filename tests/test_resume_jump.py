@@ -16,7 +16,7 @@ from oracle import Sample
 from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 
 MINUTE = timedelta(minutes=1)
 

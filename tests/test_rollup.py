@@ -18,7 +18,7 @@ from oracle import assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import LossWindows, enrolled_runs
 from lossspike.sql.tick import loss_window_query
 

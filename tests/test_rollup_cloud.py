@@ -27,10 +27,10 @@ from servers.proxy import Faults, faulty_proxy, never_finishing_jobs
 from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
 from lossspike.config.settings import Settings
+from lossspike.evaluation.tick import run_tick
 from lossspike.rules.rule import Thresholds, alert_rows
 from lossspike.sql.selection import Selection
 from lossspike.stores.bigquery import BigQueryStore
-from lossspike.tick import run_tick
 
 PROJECT = "lossspike-rollup"
 START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -313,7 +313,7 @@ def test_the_tick_reads_override_rows_in_its_statement_only_after_they_change(em
 
 def rows_of(store: BigQueryStore, settings: Settings, moment: datetime) -> list[dict]:
     """The alert rows of one tick's read (the store's one job), judged as `evaluate` judges them."""
-    from lossspike.evaluate import judge, tick_windows
+    from lossspike.evaluation.evaluate import judge, tick_windows
 
     return judge(store.read_tick(settings, tick_windows(settings, moment)), settings, moment)
 

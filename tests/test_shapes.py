@@ -24,7 +24,7 @@ from lossspike.backtest import backtest
 from lossspike.backtest_ticks import tick_times
 from lossspike.base.schema import SHAPES
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.backtest import run_samples_query
 from lossspike.sql.selection import Selection

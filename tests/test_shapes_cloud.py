@@ -37,7 +37,7 @@ from test_shapes import (
 
 from lossspike.base.schema import SHAPES
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate
+from lossspike.evaluation.evaluate import evaluate
 from lossspike.sql.rollup_view import rollup_view_query
 from lossspike.sql.selection import Selection
 from lossspike.stores.bigquery import BigQueryStore

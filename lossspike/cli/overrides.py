@@ -155,7 +155,7 @@ class _OverrideTable:
 
     def watched_runs(self, now: datetime) -> list[tuple[str, str]]:
         """The (cluster, run) pairs enrolled at `now`: what a new row can match."""
-        from lossspike.evaluate import enrolled
+        from lossspike.evaluation.evaluate import enrolled
 
         if self.client is None:
             with self._duckdb(read_only=True) as store:
@@ -192,7 +192,7 @@ def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime
 def _write_override(table: _OverrideTable, row: Any, now: datetime) -> int:
     from lossspike.base.errors import StoreError
     from lossspike.config.overrides import matches
-    from lossspike.render import terminal_safe
+    from lossspike.evaluation.render import terminal_safe
 
     table.insert(row)
     sys.stdout.write(terminal_safe(f"wrote to {table.where()}: {_describe_override(row)}") + "\n")
@@ -288,7 +288,7 @@ def _cmd_override(args: argparse.Namespace) -> int:
 
 def _cmd_overrides(args: argparse.Namespace) -> int:
     from lossspike.config.overrides import describe_unusable, in_force, unusable_rows
-    from lossspike.render import terminal_safe
+    from lossspike.evaluation.render import terminal_safe
 
     now = tick_now(args)
     table = _OverrideTable(args)

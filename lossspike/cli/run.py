@@ -53,8 +53,8 @@ def add_parsers(commands: Any) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from lossspike.evaluate import evaluate_tick
-    from lossspike.render import render, terminal_safe
+    from lossspike.evaluation.evaluate import evaluate_tick
+    from lossspike.evaluation.render import render, terminal_safe
     from lossspike.stores.duckdb import DuckDBStore
 
     settings = command_settings(args, database=args.database, backend="duckdb")
@@ -75,8 +75,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lossspike.demo import DEMO_RUNS, write_demo_database
-    from lossspike.evaluate import evaluate
-    from lossspike.render import render
+    from lossspike.evaluation.evaluate import evaluate
+    from lossspike.evaluation.render import render
     from lossspike.stores.duckdb import DuckDBStore
 
     now = tick_now(args).replace(second=0, microsecond=0)
@@ -120,7 +120,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_sql(args: argparse.Namespace) -> int:
     from lossspike.base.schema import SHAPES
-    from lossspike.evaluate import tick_windows
+    from lossspike.evaluation.evaluate import tick_windows
     from lossspike.sql.dialects import DIALECTS
     from lossspike.sql.tick import tick_read_query
 

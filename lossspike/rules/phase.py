@@ -8,7 +8,7 @@ still starting (not judged until Marin's start-up allowance runs out), and that 
 run's process is alive but not stepping. A run without phase rows reads exactly as before:
 every function here returns its input unchanged for it.
 
-Pure functions over one run's state, called by the tick (lossspike.evaluate) and, cell by
+Pure functions over one run's state, called by the tick (lossspike.evaluation.evaluate) and, cell by
 cell where a run has phase rows, by the backtest: one definition.
 """
 

@@ -24,8 +24,8 @@ from typing import Any, TextIO
 from lossspike.base.deadline import Deadline
 from lossspike.base.times import format_rfc3339
 from lossspike.config.settings import Settings
-from lossspike.evaluate import evaluate_tick
-from lossspike.render import jsonable
+from lossspike.evaluation.evaluate import evaluate_tick
+from lossspike.evaluation.render import jsonable
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import REASONS, is_fleet_row
 from lossspike.stores.store import Store

@@ -1,0 +1,1 @@
+"""One tick: read the windows, judge every run, write the verdicts; and the text a person reads."""
