@@ -4,7 +4,7 @@ Builds 24 hours of 100 hero runs logging train_loss at 1 Hz (8.64 M rows, in
 time order as telemetry arrives) in a DuckDB file under a temporary directory,
 then over the day's 1,440 one-minute ticks:
 
-  1. times `lossspike.backtest.backtest` (one query, numpy merges, the rule over every run
+  1. times `lossspike.backtest.run.backtest` (one query, numpy merges, the rule over every run
      and tick) with the seed rule (`--detectors none --checks none`) and with the defaults;
   2. times the yardstick: a loop of `lossspike.evaluation.evaluate.evaluate`, one query per tick, with
      the seed rule (`--detectors none --checks none`, issue 18's fixed yardstick);
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import duckdb
 
-from lossspike.backtest import backtest
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.base.schema import telemetry_table_ddl
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate

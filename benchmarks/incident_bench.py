@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import incidents  # noqa: E402 - the generator beside this file
 
-from lossspike.labels import RATE_HOURS, by_kind  # noqa: E402
+from lossspike.backtest.labels import RATE_HOURS, by_kind  # noqa: E402
 
 SEED_FLAGS = "--detectors none --attempts all --checks none"
 

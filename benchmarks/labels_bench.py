@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from lossspike.backtest_result import Backtest, RunHistory
-from lossspike.labels import parse_labels, score_labels
+from lossspike.backtest.labels import parse_labels, score_labels
+from lossspike.backtest.result import Backtest, RunHistory
 from lossspike.rules.rule import REASONS, SPIKING, Thresholds
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)

@@ -46,7 +46,7 @@ SEED_FLAGS = "--detectors none --checks none --attempts all"
 # Every file's first row lands here: one fixed instant, as the replay did.
 START = datetime(2026, 1, 5, tzinfo=UTC)
 CLUSTER = "real"
-# A page within this long after a label's end is its aftermath (lossspike.labels.AFTERMATH).
+# A page within this long after a label's end is its aftermath (lossspike.backtest.labels.AFTERMATH).
 AFTERMATH_MINUTES = 60
 
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from lossspike.backtest import BacktestError, backtest
-from lossspike.backtest_result import Backtest, RunHistory
+from lossspike.backtest.report import describe
+from lossspike.backtest.result import Backtest, RunHistory
+from lossspike.backtest.run import BacktestError, backtest
 from lossspike.base.times import format_rfc3339
 from lossspike.config.settings import Settings
-from lossspike.report import describe
 from lossspike.rules.checks import CHECK_REASONS, CHECKS
 from lossspike.rules.rule import (
     INSTABILITY,

@@ -82,7 +82,7 @@ MUTANTS = [
     ),
     Mutant(
         "pending: every earlier tick reads the tick's window (backtest)",
-        "lossspike/check_replay.py",
+        "lossspike/backtest/check_replay.py",
         "            moment = end - k * minutes.MICROS_PER_MINUTE",
         "            moment = end",
         [BACKTEST_CHECKS],
@@ -225,7 +225,7 @@ MUTANTS = [
     ),
     Mutant(
         "backtest baseline one minute short",
-        "lossspike/backtest_grid.py",
+        "lossspike/backtest/grid.py",
         "base_start, recent_start = ends - t.baseline_minutes, ends - t.recent_minutes",
         "base_start, recent_start = ends - t.baseline_minutes + 1, ends - t.recent_minutes",
         ["tests/test_backtest.py"],
@@ -333,21 +333,21 @@ MUTANTS = [
     # --- labelled incidents (backtest --labels) and episodes ---
     Mutant(
         "labels: a page at start + deadline does not count",
-        "lossspike/labels.py",
+        "lossspike/backtest/labels.py",
         "t is not None and t <= label.deadline]",
         "t is not None and t < label.deadline]",
         ["tests/test_labels.py"],
     ),
     Mutant(
         "labels: a page starting at end + 60 min is false",
-        "lossspike/labels.py",
+        "lossspike/backtest/labels.py",
         "label.start <= moment <= label.end + AFTERMATH",
         "label.start <= moment < label.end + AFTERMATH",
         ["tests/test_labels.py"],
     ),
     Mutant(
         "episodes: a silenced tick pages",
-        "lossspike/backtest_result.py",
+        "lossspike/backtest/result.py",
         "codes = np.where(history.silenced, -1, history.codes) if history.silenced is not None else history.codes",
         "codes = history.codes",
         ["tests/test_labels.py", "tests/test_backtest.py"],
@@ -355,21 +355,21 @@ MUTANTS = [
     # --- the backtest's replay of the checks ---
     Mutant(
         "backtest checks: an override scoped to another check applies",
-        "lossspike/check_replay.py",
+        "lossspike/backtest/check_replay.py",
         "scoped[scope] = policies_in_force(self.overrides, key, self.ticks, self.t, scope)",
         "scoped[scope] = policies_in_force(self.overrides, key, self.ticks, self.t)",
         [BACKTEST_CHECKS],
     ),
     Mutant(
         "backtest checks: one policy for every check despite a scoped row",
-        "lossspike/check_replay.py",
+        "lossspike/backtest/check_replay.py",
         "shared = not any(r.reason is not None and matches(r, *key) for r in self.overrides)",
         "shared = True",
         [BACKTEST_CHECKS],
     ),
     Mutant(
         "backtest checks: read the oldest attempt of the hour",
-        "lossspike/check_replay.py",
+        "lossspike/backtest/check_replay.py",
         "        uid = uid_list[tick]\n",
         "        uid = uid_list[0] if uid_list[0] is not NO_ATTEMPT else uid_list[tick]\n",
         [BACKTEST_CHECKS],
@@ -383,14 +383,14 @@ MUTANTS = [
     ),
     Mutant(
         "backtest checks: a page check does not page",
-        "lossspike/backtest_result.py",
+        "lossspike/backtest/result.py",
         "checked = _firing(history, PAGE)",
         "checked = {}",
         ["tests/test_backtest.py::test_the_defaults_page_each_detectors_demo_run_once", "tests/test_labels.py"],
     ),
     Mutant(
         "plot: the trend line one minute old",
-        "lossspike/grid_detectors.py",
+        "lossspike/backtest/grid_detectors.py",
         "trend[ticks] = baseline.trend[:, -1]",
         "trend[ticks] = baseline.trend[:, -2]",
         ["tests/test_plot.py::test_plot_draws_level_shifts_trend_aware_band"],
@@ -454,14 +454,14 @@ MUTANTS = [
     ),
     Mutant(
         "issue 25: a labels file's byte-order mark is kept",
-        "lossspike/labels.py",
+        "lossspike/backtest/labels.py",
         "text = text.removeprefix(BOM)",
         "text = text",
         ["tests/test_labels.py::test_a_byte_order_mark_is_read_as_the_start_of_utf8_text"],
     ),
     Mutant(
         "issue 25: the labels table prints kinds raw",
-        "lossspike/labels.py",
+        "lossspike/backtest/labels.py",
         'terminal_safe(row["kind"]),',
         'row["kind"],',
         ["tests/test_labels.py::test_the_labels_table_escapes_what_people_and_scripts_typed"],
@@ -794,7 +794,7 @@ MUTANTS = [
     ),
     Mutant(
         "instability: the backtest's spike train need not be new for the run",
-        "lossspike/grid_detectors.py",
+        "lossspike/backtest/grid_detectors.py",
         "            new = detectors.new_for_run(\n",
         "            new = True or detectors.new_for_run(\n",
         [f"{DETECTORS}::test_a_run_that_has_always_spiked_does_not_page_instability"],
@@ -916,28 +916,28 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: labels: an episode ending on the first tick after start misses the label",
-        "lossspike/labels.py",
+        "lossspike/backtest/labels.py",
         "return tick if tick <= span.last else None",
         "return tick if tick < span.last else None",
         ["tests/test_labels.py::test_an_episode_ending_on_the_first_tick_after_start_pages_the_label"],
     ),
     Mutant(
         "issue 27: labels: a page is false by its last tick, not its first",
-        "lossspike/labels.py",
+        "lossspike/backtest/labels.py",
         "if not any(_covers(label, s.cluster, s.run, s.first) for label",
         "if not any(_covers(label, s.cluster, s.run, s.last) for label",
         ["tests/test_labels.py::test_a_page_is_false_by_where_it_starts_not_where_it_ends"],
     ),
     Mutant(
         "issue 27: backtest: newest-attempt ties go to the smaller UID",
-        "lossspike/backtest_attempts.py",
+        "lossspike/backtest/attempts.py",
         "((mine == best[owner]) & (seq[group] >= best_seq[owner]))",
         "((mine == best[owner]) & (seq[group] > best_seq[owner]))",
         ["tests/test_backtest.py::test_a_tie_between_attempts_goes_to_the_larger_uid_as_in_evaluate"],
     ),
     Mutant(
         "issue 27: backtest: the loss windows' attempt ties go to the smaller UID (the checks' stay right)",
-        "lossspike/backtest_attempts.py",
+        "lossspike/backtest/attempts.py",
         # An equal (or absent) seq no longer lets a later attempt win: a tie keeps the first (smaller).
         "(mine == best[owner]) & (seq[group] >= best_seq[owner])",
         "(mine == best[owner]) & (seq[group] > best_seq[owner])",
@@ -945,14 +945,14 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: backtest: a silenced page check counts in the episodes",
-        "lossspike/backtest_result.py",
+        "lossspike/backtest/result.py",
         "reasons = history.check_reasons(tick, severity, silenced=False)",
         "reasons = history.check_reasons(tick, severity, silenced=True)",
         ["tests/test_backtest.py::test_a_silenced_page_check_is_no_episode"],
     ),
     Mutant(
         "issue 27: backtest report: the episodes table shows the first reason only",
-        "lossspike/report.py",
+        "lossspike/backtest/report.py",
         '"+".join(e.reasons), format_rfc3339(e.first_tick)',
         "e.reason, format_rfc3339(e.first_tick)",
         ["tests/test_backtest.py::test_the_episodes_table_names_every_reason_an_episode_passed_through"],
@@ -982,7 +982,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: backtest checks: an evaluation is fresh for one minute, not thirty",
-        "lossspike/check_replay.py",
+        "lossspike/backtest/check_replay.py",
         # The freshness is now EvalSeries.as_of's, shared with evaluate: the backtest's series
         # dates each evaluation 29 minutes early, so only one a minute old is fresh there.
         "start[rows].tolist(), values[rows].tolist(), eval_at[rows].tolist()",

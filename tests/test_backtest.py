@@ -33,8 +33,8 @@ from oracle import Sample, assert_rows_match, expected
 from strategies import judged_fleets, record
 from telemetry import telemetry_samples
 
-from lossspike.backtest import backtest
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate
@@ -660,8 +660,8 @@ def test_a_silenced_page_check_is_no_episode():
 
 def test_the_episodes_table_names_every_reason_an_episode_passed_through():
     """One page that went spiking -> not_finite -> stalled: the table's reason cell says all three."""
-    from lossspike.backtest_result import Backtest, RunHistory
-    from lossspike.report import report_table
+    from lossspike.backtest.report import report_table
+    from lossspike.backtest.result import Backtest, RunHistory
 
     codes = np.full(30, REASONS.index("healthy"), dtype=np.int8)
     codes[10:13], codes[13:15], codes[15] = (REASONS.index(r) for r in ("spiking", "not_finite", "stalled"))

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from incidents import Plan, falling_run, loss_overrides, loss_row, plans, rows_for, samples_of, store_for
 from oracle import Sample, assert_rows_match, expected
 
-from lossspike.backtest import backtest
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate

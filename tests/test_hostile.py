@@ -1077,8 +1077,8 @@ def test_an_empty_run_id_is_never_enrolled_whatever_the_pattern():
     row would look like the fleet row. The tick and the backtest alike."""
     from conftest import evaluate_samples, seed_settings, store_with
 
-    from lossspike.backtest import backtest
-    from lossspike.backtest_ticks import tick_times
+    from lossspike.backtest.run import backtest
+    from lossspike.backtest.ticks import tick_times
     from lossspike.config.settings import Settings
     from lossspike.sql.selection import Selection
 

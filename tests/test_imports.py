@@ -2,7 +2,7 @@
 
 Every import counts, at module level and inside functions: an import inside a function
 still runs, and a circle through one still trips whoever moves it to the top. Only the
-body of an `if TYPE_CHECKING:` block is left out (lossspike/labels.py names the backtest's
+body of an `if TYPE_CHECKING:` block is left out (lossspike/backtest/labels.py names the backtest's
 type there), since it never runs. Importing lossspike.a.b also runs lossspike/a/__init__.py;
 that edge is not drawn, so a package's __init__ may import its own submodules.
 """
@@ -163,7 +163,7 @@ def test_the_graph_sees_imports_at_module_level_and_inside_functions():
     # `from lossspike import minutes` names a module, not the package.
     assert "lossspike.judge.minutes" in graph["lossspike.evaluation.evaluate"]
     # The type-only import in labels' `if TYPE_CHECKING:` block never runs.
-    assert "lossspike.backtest" not in graph["lossspike.labels"]
+    assert "lossspike.backtest.run" not in graph["lossspike.backtest.labels"]
 
 
 def test_a_planted_circle_is_found_and_printed_in_order():

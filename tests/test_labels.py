@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from commandline import lossspike, one_line_error
 
-from lossspike.backtest_result import Backtest, RunHistory
+from lossspike.backtest.labels import LabelsError, labels_table, parse_labels, percentile, read_labels, score_labels
+from lossspike.backtest.result import Backtest, RunHistory
 from lossspike.evaluation.render import terminal_safe
-from lossspike.labels import LabelsError, labels_table, parse_labels, percentile, read_labels, score_labels
 from lossspike.rules.rule import NOT_FINITE, REASONS, SPIKING, STALLED, Thresholds
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,9 +30,9 @@ from incidents import rows_for, store_for
 from oracle import Sample
 from servers import bigquery as bqserver
 
-from lossspike.backtest import backtest
-from lossspike.backtest_attempts import chosen_groups
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.attempts import chosen_groups
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import ConfigError, Settings, load_settings
 from lossspike.evaluation.evaluate import evaluate

@@ -13,8 +13,8 @@ from conftest import NOW, seed_settings, write_database
 from oracle import Sample, expected
 from telemetry import telemetry_samples
 
-from lossspike.backtest import backtest
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate, tick_windows
 from lossspike.judge import minutes

@@ -13,8 +13,8 @@ from detector_oracle import Config, assert_matches, expect
 from incidents import loss_row, rows_for, store_for
 from oracle import Sample
 
-from lossspike.backtest import backtest
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate
 

@@ -20,8 +20,8 @@ from oracle import Sample
 from shapes import SAMPLE_KIND, epoch_ms, load_duckdb, shaped_rows, whole_ms
 from telemetry import telemetry_samples
 
-from lossspike.backtest import backtest
-from lossspike.backtest_ticks import tick_times
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
 from lossspike.base.schema import SHAPES
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate

@@ -34,7 +34,7 @@ _COMMANDS = {**run.COMMANDS, **backtest.COMMANDS, **load.COMMANDS, **overrides.C
 def _backtest_error() -> type[Exception]:
     """The backtest's error class, imported only while an error is being matched: the
     backtest module is heavy, and a tick's `evaluate` never needs it."""
-    from lossspike.backtest import BacktestError
+    from lossspike.backtest.run import BacktestError
 
     return BacktestError
 

@@ -62,7 +62,7 @@ def _add_history_flags(parser: argparse.ArgumentParser, default_span: str) -> No
 
 
 def _ticks(args: argparse.Namespace, default_span: timedelta) -> list[datetime]:
-    from lossspike.backtest_ticks import tick_times
+    from lossspike.backtest.ticks import tick_times
 
     times = {}
     for flag in ("end", "start"):
@@ -122,9 +122,9 @@ def _compare_thresholds(args: argparse.Namespace, base: Settings) -> list[Any]:
 
 
 def _cmd_backtest(args: argparse.Namespace) -> int:
-    from lossspike.backtest import backtest
-    from lossspike.labels import labels_table, score_labels
-    from lossspike.report import report_json, report_table
+    from lossspike.backtest.labels import labels_table, score_labels
+    from lossspike.backtest.report import report_json, report_table
+    from lossspike.backtest.run import backtest
     from lossspike.stores.open import open_store
 
     settings = _history_settings(args)
@@ -158,7 +158,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
 
 def _labels(path: str) -> list[Any]:
     """The labels file, or a configuration error naming it (a bad file is a bad command line)."""
-    from lossspike.labels import LabelsError, read_labels
+    from lossspike.backtest.labels import LabelsError, read_labels
 
     try:
         return read_labels(path)

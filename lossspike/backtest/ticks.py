@@ -1,8 +1,8 @@
 """A backtest's ticks: the whole minutes it judges, as Cloud Scheduler fires them, their minute
 indexes (the grids' slots count the same minutes), and the overrides in force at each tick.
 
-Apart from the engine (lossspike.backtest) because the check replay (lossspike.check_replay)
-reads the same ticks and overrides, the attempt choice (lossspike.backtest_attempts) the same
+Apart from the engine (lossspike.backtest.run) because the check replay (lossspike.backtest.check_replay)
+reads the same ticks and overrides, the attempt choice (lossspike.backtest.attempts) the same
 minutes, and the command line asks for the ticks alone (`tick_times`).
 """
 

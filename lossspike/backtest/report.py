@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from lossspike.backtest_result import Backtest, Episode
+from lossspike.backtest.result import Backtest, Episode
 from lossspike.base.times import format_rfc3339
 from lossspike.rules.rule import SPIKING, Thresholds
 

@@ -4,7 +4,7 @@ trend-aware band for the plot.
 
 The findings are lossspike.judge.detectors' own functions: this module only lays out what they read
 (the grid's hours, the history blocks before them, the excursion episodes), in bounded batches.
-Apart from the engine (lossspike.backtest), which calls `detections` once per chunk of runs.
+Apart from the engine (lossspike.backtest.run), which calls `detections` once per chunk of runs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from datetime import datetime
 
 import numpy as np
 
-from lossspike.backtest_result import RunHistory
+from lossspike.backtest.result import RunHistory
 from lossspike.judge import detectors, minutes
 from lossspike.judge.minutes import Partial
 from lossspike.judge.seed_verdicts import CODES, Verdicts

@@ -4,7 +4,7 @@ A row is a run (what its every attempt shares: its samples, newest job and newes
 attempt of a run (its loss's partials); a slot is one clock minute. Both windows are whole
 minutes long, so each tick's baseline and recent windows are unions of whole slots, merged with
 the minute layer's `combine` (lossspike.judge.minutes): they hold exactly the samples `evaluate` would
-have read. Apart from the engine (lossspike.backtest) because the attempt choice and the
+have read. Apart from the engine (lossspike.backtest.run) because the attempt choice and the
 detectors sum the same windows.
 """
 

@@ -4,7 +4,7 @@ A run's attempts are grid rows; at each tick the one whose newest loss or phase 
 is newest wins (SPEC "Attempts", minutes.attempt_key), ties to the larger seq, then to the larger
 attempt: minutes.newest_attempt's order, tick by tick. resume_jump's previous attempt, the chosen
 attempt's phase, and the attempt the check replay reads (by execution UID) are chosen the same
-way. Apart so the loss engine (lossspike.backtest) and the check replay (lossspike.check_replay)
+way. Apart so the loss engine (lossspike.backtest.run) and the check replay (lossspike.backtest.check_replay)
 share one choice, and tests/test_phase.py holds it to the tick's.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike.backtest_grid import window_sum
-from lossspike.backtest_ticks import minute_index
+from lossspike.backtest.grid import window_sum
+from lossspike.backtest.ticks import minute_index
 from lossspike.judge import minutes
 from lossspike.rules.phase import PhaseState
 from lossspike.rules.rule import Thresholds

@@ -43,7 +43,7 @@ from lossspike.base.times import format_rfc3339, parse_rfc3339
 from lossspike.evaluation.render import terminal_safe
 
 if TYPE_CHECKING:
-    from lossspike.backtest_result import Backtest
+    from lossspike.backtest.result import Backtest
 
 REQUIRED_FIELDS = ("run", "kind", "start", "should_page", "deadline_minutes")
 OPTIONAL_FIELDS = ("cluster", "end", "size", "note")

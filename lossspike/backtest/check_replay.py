@@ -2,7 +2,7 @@
 
 A second query reads the check metrics' minute buckets (`read_checks`); `CheckReplay` turns them
 into each run's series and judges every tick with `checks.run_checks_pending`, each check with
-the override rows scoped to it in force then. Apart from the loss engine (lossspike.backtest)
+the override rows scoped to it in force then. Apart from the loss engine (lossspike.backtest.run)
 because it reads other rows, keeps per-run series rather than grids, and judges with the
 checks' own functions.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike.backtest_attempts import NO_ATTEMPT, newest_attempts
-from lossspike.backtest_result import RunHistory
-from lossspike.backtest_ticks import minute_index, policies_in_force
+from lossspike.backtest.attempts import NO_ATTEMPT, newest_attempts
+from lossspike.backtest.result import RunHistory
+from lossspike.backtest.ticks import minute_index, policies_in_force
 from lossspike.config.overrides import LOSS_SCOPE, OverrideRow, matches
 from lossspike.config.settings import Settings
 from lossspike.judge import minutes

@@ -2,7 +2,7 @@
 over the range (Backtest), and what is read off them: the alert rows `evaluate` would have written
 at a tick, the episodes (pages) and notices, and the per-run and fleet summaries.
 
-Apart from the engine that fills it (lossspike.backtest), so the report, the plot and the labels
+Apart from the engine that fills it (lossspike.backtest.run), so the report, the plot and the labels
 read a result without the machinery behind it.
 """
 

@@ -14,11 +14,11 @@ The run-health checks are replayed the same way: a second query reads the check
 metrics' buckets, and `lossspike.rules.checks.run_checks` judges each tick's (`CheckReplay`).
 
 This module is the entry point (`backtest`) and the engine that ties the parts together, one
-chunk of runs at a time: the ticks and the overrides in force (lossspike.backtest_ticks), the
-grids and their windows (lossspike.backtest_grid), the attempt each tick reads
-(lossspike.backtest_attempts), the seed rule's verdicts (lossspike.judge.seed_verdicts), the detectors
-over the grid (lossspike.grid_detectors) and the check replay (lossspike.check_replay), into the
-result and its episodes (lossspike.backtest_result).
+chunk of runs at a time: the ticks and the overrides in force (lossspike.backtest.ticks), the
+grids and their windows (lossspike.backtest.grid), the attempt each tick reads
+(lossspike.backtest.attempts), the seed rule's verdicts (lossspike.judge.seed_verdicts), the detectors
+over the grid (lossspike.backtest.grid_detectors) and the check replay (lossspike.backtest.check_replay), into the
+result and its episodes (lossspike.backtest.result).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lossspike.backtest_attempts import attempt_keys, choosing_seq_at, chosen_groups, chosen_phases, previous_groups
-from lossspike.backtest_grid import run_grid_windows, run_grids, seed_windows, window_sum
-from lossspike.backtest_result import Backtest, RunHistory
-from lossspike.backtest_ticks import minute_index, policies_in_force
-from lossspike.check_replay import CheckReplay, read_checks
+from lossspike.backtest.attempts import attempt_keys, choosing_seq_at, chosen_groups, chosen_phases, previous_groups
+from lossspike.backtest.check_replay import CheckReplay, read_checks
+from lossspike.backtest.grid import run_grid_windows, run_grids, seed_windows, window_sum
+from lossspike.backtest.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
+from lossspike.backtest.result import Backtest, RunHistory
+from lossspike.backtest.ticks import minute_index, policies_in_force
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import checks_in_force
-from lossspike.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
 from lossspike.judge import detectors, minutes
 from lossspike.judge.minutes import Partial
 from lossspike.judge.seed_verdicts import CODES, Verdicts, seed_verdicts
