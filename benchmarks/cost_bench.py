@@ -3,7 +3,7 @@
 1. Runs real ticks (the function's BigQuery store, the real client) against the
    local BigQuery emulator through a recording proxy at 00:10, 12:00 and 23:50,
    with the rollup view in place, and keeps every job the ticks sent.
-2. Prices those statements with lossspike.cost_statements's billing model for fleets of
+2. Prices those statements with lossspike.cost.statements's billing model for fleets of
    10, 100 and 1,000 runs (21 metrics at 1 Hz, 116-byte rows), on DAY- and
    HOUR-partitioned telemetry, with and without the clustering pruning BigQuery
    documents for a filter on the leading clustering column, and prints each
@@ -35,8 +35,9 @@ from oracle import Sample  # noqa: E402
 from servers import bigquery as bqserver  # noqa: E402
 from servers.proxy import Faults, faulty_proxy  # noqa: E402
 
-from lossspike import cost_model, cost_statements  # noqa: E402
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings  # noqa: E402
+from lossspike.cost import model as cost_model  # noqa: E402
+from lossspike.cost import statements as cost_statements  # noqa: E402
 from lossspike.evaluation.evaluate import evaluate  # noqa: E402
 from lossspike.rules.rule import enrolled_runs  # noqa: E402
 from lossspike.sql.rollup_view import rollup_view_query  # noqa: E402

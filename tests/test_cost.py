@@ -12,8 +12,10 @@ import pytest
 from commandline import lossspike, one_line_error
 from servers import bigquery as bqserver
 
-from lossspike import cost_model, cost_report, cost_statements
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings
+from lossspike.cost import model as cost_model
+from lossspike.cost import report as cost_report
+from lossspike.cost import statements as cost_statements
 from lossspike.rules.rule import DETECTORS
 from lossspike.stores.bigquery import BigQueryStore
 

@@ -17,7 +17,7 @@ from strategies import fleets, selections, thresholds
 
 from lossspike.base.schema import ALERT_COLUMNS, SHAPES
 from lossspike.config.overrides import OVERRIDES_SCHEMA, overrides_select
-from lossspike.cost_report import actual_query
+from lossspike.cost.report import actual_query
 from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.backtest import bucket_groups_query, run_samples_query

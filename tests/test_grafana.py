@@ -26,9 +26,9 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from lossspike import cost_model
 from lossspike.base.times import format_rfc3339
 from lossspike.config.settings import Settings
+from lossspike.cost import model as cost_model
 from lossspike.demo import write_demo_database
 from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.checks import CHECKS
@@ -49,7 +49,7 @@ GRAFANA_ENV = {
     "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls",
     "LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT": "ml-notices",
 }
-# The tables the dashboard and the rule read, as lossspike.cost_model models them.
+# The tables the dashboard and the rule read, as lossspike.cost.model models them.
 COST_TABLES = {"alerts": "loss_spike_alerts", "rollup": "${minutes_view}"}
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
@@ -744,7 +744,7 @@ def _minutes(duration: str) -> int:
 
 
 def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
-    # lossspike.cost_model prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
+    # lossspike.cost.model prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
     # refresh, range, queries, tables, windows and columns must be the file's.
     assert _minutes(DASHBOARD["refresh"]) == cost_model.DASHBOARD_REFRESH_MINUTES
     assert DASHBOARD["time"] == {"from": f"now-{cost_model.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}

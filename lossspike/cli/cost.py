@@ -54,8 +54,8 @@ def add_parsers(commands: Any) -> None:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from lossspike.cost_model import Fleet
-    from lossspike.cost_report import estimate, render
+    from lossspike.cost.model import Fleet
+    from lossspike.cost.report import estimate, render
     from lossspike.rules.rule import DETECTORS
 
     if args.actual:
@@ -85,7 +85,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
 
 def _cost_actual(args: argparse.Namespace) -> int:
     from lossspike.base.errors import StoreError
-    from lossspike.cost_report import actual_query, render_actual
+    from lossspike.cost.report import actual_query, render_actual
     from lossspike.stores.open import open_store
 
     settings = load_settings(os.environ)

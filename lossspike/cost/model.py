@@ -3,7 +3,7 @@ tick, the designs, the price of a month, and what else bills (Grafana, Monitorin
 
 Over 600 lines because the model's constants and the parts' arithmetic that reads them are one
 billing model: every figure `lossspike cost` prints comes from here, and the statement pricer
-(lossspike.cost_statements) and the report (lossspike.cost_report) build on it. It runs without
+(lossspike.cost.statements) and the report (lossspike.cost.report) build on it. It runs without
 the test extras (no sqlglot), so a user's install prices a fleet.
 
 The model: a statement bills the referenced columns of every row in the
@@ -573,7 +573,7 @@ def grafana_cost(fleet: Fleet, pruned: bool = True) -> dict[str, Any]:
     }
 
 
-# --- the designs, and what is priced apart (lossspike.cost_report gathers them) ---------------------
+# --- the designs, and what is priced apart (lossspike.cost.report gathers them) ---------------------
 
 
 def _at(clock: str, day: datetime) -> datetime:

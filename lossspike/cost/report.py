@@ -1,7 +1,7 @@
 """The report behind `lossspike cost`: the estimate (the json), its table for people, and
 `--actual`'s query of what BigQuery says it billed and its table.
 
-The figures are lossspike.cost_model's; this module only gathers and renders them.
+The figures are lossspike.cost.model's; this module only gathers and renders them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any
 
-from lossspike.cost_model import (
+from lossspike.cost.model import (
     DAY,
     DEFAULT_RATIO_TARGET,
     MIB,

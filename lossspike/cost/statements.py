@@ -1,7 +1,7 @@
 """Pricing the SQL a real tick sends: the jobs the store's own SQL builders make (`tick_statements`),
-parsed with sqlglot and priced per table with the billing model of lossspike.cost_model.
+parsed with sqlglot and priced per table with the billing model of lossspike.cost.model.
 
-Two ways to price, one billing model. `lossspike cost` (lossspike.cost_report) is plain
+Two ways to price, one billing model. `lossspike cost` (lossspike.cost.report) is plain
 arithmetic over a Fleet, so a user's install runs it without the test extras.
 `price_statement` prices the SQL a real tick sent (the cost benchmark captures it at a
 proxy); it parses with sqlglot, imported only there. A test keeps the two in step.
@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lossspike.base.schema import ALERT_COLUMNS
-from lossspike.cost_model import (
+from lossspike.cost.model import (
     ALERT_BYTES,
     OVERRIDE_ROW_BYTES,
     OVERRIDE_ROWS,
