@@ -288,7 +288,7 @@ def _real_curves() -> Path | None:
 def test_every_real_curves_file_loads_through_the_csv_path(tmp_path):
     import csv
 
-    from lossspike.load import DuckDBTarget, load_history
+    from lossspike.ingest.load import DuckDBTarget, load_history
 
     folder = _real_curves()
     if folder is None:

@@ -9,8 +9,8 @@ import servers.bigquery as bqserver
 from shapes import create_bigquery
 from test_load import RUN, series, write_csv
 
-from lossspike.load import LoadError, load_history
-from lossspike.load_bigquery import BigQueryTarget
+from lossspike.ingest.bigquery import BigQueryTarget
+from lossspike.ingest.load import LoadError, load_history
 
 PROJECT = "lossspike-load"
 
@@ -88,7 +88,7 @@ def test_a_load_cut_off_part_way_says_what_landed_and_the_same_load_writes_the_r
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    import lossspike.load_bigquery as load_bigquery
+    import lossspike.ingest.bigquery as load_bigquery
 
     # Small appends, so the connection can drop between two of them.
     monkeypatch.setattr(load_bigquery, "APPEND_ROWS", 500)

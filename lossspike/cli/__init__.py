@@ -41,7 +41,7 @@ def _backtest_error() -> type[Exception]:
 
 def _load_error() -> type[Exception]:
     """The load's error class, imported only while an error is being matched (it imports pyarrow)."""
-    from lossspike.load import LoadError
+    from lossspike.ingest.load import LoadError
 
     return LoadError
 
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"lossspike: configuration error: {error}\n")
         return 2
     except _load_error() as error:
-        # Bad input to a load: the file and the fix, nothing written (lossspike.load).
+        # Bad input to a load: the file and the fix, nothing written (lossspike.ingest.load).
         sys.stderr.write(f"lossspike: error: {error}\n")
         return 2
     except (StoreError, _backtest_error()) as error:

@@ -49,7 +49,7 @@ def add_parsers(commands: Any) -> None:
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
-    from lossspike.load import DuckDBTarget, Progress, describe, load_history
+    from lossspike.ingest.load import DuckDBTarget, Progress, describe, load_history
 
     if not args.sources and not args.attempt:
         raise ConfigError("load: give at least one SOURCE (a file or directory) or --attempt SOURCE")
@@ -67,7 +67,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ConfigError(f"--start: {error}") from None
     if args.table:
-        from lossspike.load_bigquery import bigquery_target
+        from lossspike.ingest.bigquery import bigquery_target
 
         target = bigquery_target(args.table)
     else:

@@ -1,7 +1,7 @@
 """What the load's readers share: the long form they yield, the error they raise, the time-order check.
 
-Apart from lossspike.load so that the readers of each format (lossspike.load_tensorboard,
-lossspike.load_wandb), which lossspike.load imports when a source needs them, import nothing back.
+Apart from lossspike.ingest.load so that the readers of each format (lossspike.ingest.tensorboard,
+lossspike.ingest.wandb), which lossspike.ingest.load imports when a source needs them, import nothing back.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from lossspike.cost.model import PRICE_PER_TIB, TIB
-from lossspike.load import APPEND_ROWS, LoadError, first_line
+from lossspike.ingest.load import APPEND_ROWS, LoadError, first_line
 
 
 class BigQueryTarget:

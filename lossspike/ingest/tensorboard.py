@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder
+from lossspike.ingest.base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder
 
 # TensorBoard's plugin name for scalar summaries (tensorboard/plugins/scalar/metadata.py).
 SCALARS_PLUGIN = "scalars"

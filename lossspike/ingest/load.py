@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lossspike.base.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
-from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder, first_line, format_us
+from lossspike.ingest.base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder, first_line, format_us
 from lossspike.publish import DUCKDB_COLUMNS, SERVICE, metric_name
 from lossspike.sql.selection import CHECK_METRICS, Selection, metric_names
 
@@ -718,11 +718,11 @@ def _long_batches(
 
 def _reader(source: Source) -> Callable[..., Iterable[tuple[pa.RecordBatch, int]]]:
     if source.kind == "tensorboard":
-        from lossspike.load_tensorboard import read_events
+        from lossspike.ingest.tensorboard import read_events
 
         return read_events
     if source.kind == "wandb":
-        from lossspike.load_wandb import read_wandb
+        from lossspike.ingest.wandb import read_wandb
 
         return read_wandb
     return read_table

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from lossspike.load_base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder
+from lossspike.ingest.base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, TimeOrder
 
 # The history keys wandb adds to every row: the time of the log call, the step, the seconds run.
 TIME_KEY = "_timestamp"

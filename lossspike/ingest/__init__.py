@@ -1,0 +1,1 @@
+"""Loading a team's history (CSV, JSON lines, Parquet, TensorBoard, W&B) into a telemetry table."""
