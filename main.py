@@ -16,8 +16,8 @@ import threading
 import flask
 import functions_framework
 
+from lossspike.cloud.function import Backend, bigquery_backend, duckdb_backend, handle, preload
 from lossspike.config.settings import ConfigError, load_settings
-from lossspike.function import Backend, bigquery_backend, duckdb_backend, handle, preload
 
 try:
     SETTINGS = load_settings(os.environ)

@@ -61,7 +61,7 @@ def child(endpoint: str, monitoring_address: str) -> None:
     from servers import bigquery as bqserver
     from servers import monitoring as monserver
 
-    from lossspike.function import bigquery_backend
+    from lossspike.cloud.function import bigquery_backend
 
     app = create_app("evaluate", str(REPO / "main.py"))
     main = sys.modules["main"]

@@ -133,7 +133,7 @@ MUTANTS = [
     ),
     Mutant(
         "plot draws the recent peak as the floor",
-        "lossspike/plot.py",
+        "lossspike/cli/plot.py",
         "floors.append(_value(None if windows is None else windows.recent_floor))",
         "floors.append(_value(None if windows is None else windows.recent_peak))",
         ["tests/test_plot.py"],
@@ -239,7 +239,7 @@ MUTANTS = [
     ),
     Mutant(
         "plot draws the reference as the band",
-        "lossspike/plot.py",
+        "lossspike/cli/plot.py",
         "limits.append(_value(None if windows is None else band(windows, rule)))",
         "limits.append(_value(None if windows is None else reference(windows, rule)))",
         ["tests/test_plot.py"],
@@ -304,28 +304,28 @@ MUTANTS = [
     # --- the sinks: a run pages once (issue 15) ---
     Mutant(
         "the page series is labelled by reason (a change of reason opens a new incident)",
-        "lossspike/monitoring.py",
+        "lossspike/cloud/monitoring.py",
         'key = (row["cluster"], row["run"])',
         'key = (row["cluster"], row["run"] + ":" + row["reason"])',
         ["tests/test_cloud.py::test_a_change_of_reason_inside_an_episode_is_the_same_series"],
     ),
     Mutant(
         "the heartbeat counts rows, not runs",
-        "lossspike/monitoring.py",
+        "lossspike/cloud/monitoring.py",
         "(), len(watched))",
         "(), len(runs))",
         ["tests/test_cloud.py::test_a_run_pages_once_whatever_reasons_fire"],
     ),
     Mutant(
         "notify rows page",
-        "lossspike/monitoring.py",
+        "lossspike/cloud/monitoring.py",
         'if row.get("severity") == PAGE:',
         'if row.get("severity") in (PAGE, NOTIFY):',
         ["tests/test_cloud.py::test_notify_rows_reach_only_the_notice_metric"],
     ),
     Mutant(
         "a silenced loss row silences the run's firing page check",
-        "lossspike/monitoring.py",
+        "lossspike/cloud/monitoring.py",
         'paging[key] = max(paging.get(key, 0), int(row["value"]))',
         'paging[key] = min(paging.get(key, 1), int(row["value"]))',
         ["tests/test_cloud.py::test_a_silence_of_one_scope_leaves_the_other_paging"],
@@ -397,7 +397,7 @@ MUTANTS = [
     ),
     Mutant(
         "plot: a check episode ends a tick early",
-        "lossspike/plot.py",
+        "lossspike/cli/plot.py",
         "if last is not None and spans[last][3] == i - 1:",
         "if last is not None and spans[last][3] == i - 2:",
         ["tests/test_plot.py::test_plot_marks_check_episodes_with_their_reason"],
@@ -966,7 +966,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: function: the schedule header's digits read in the process time zone",
-        "lossspike/function.py",
+        "lossspike/cloud/function.py",
         "        moment = parse_rfc3339(header)\n",
         "        moment = parse_rfc3339(header).replace(tzinfo=None).astimezone(parse_rfc3339(header).tzinfo)\n",
         ["tests/test_cloud.py::test_the_schedule_header_is_utc_whatever_the_process_time_zone"],

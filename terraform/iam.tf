@@ -88,7 +88,7 @@ resource "google_project_iam_member" "function_metric_writer" {
   member  = "serviceAccount:${google_service_account.function.email}"
 }
 
-# A re-run of a minute reads its refused points back (lossspike/monitoring.py) to tell "already
+# A re-run of a minute reads its refused points back (lossspike/cloud/monitoring.py) to tell "already
 # written" from "kept another value". roles/monitoring.metricWriter is write-only
 # (https://cloud.google.com/monitoring/access-control) and roles/monitoring.viewer would also read
 # every dashboard, policy and channel; this role holds the one permission ListTimeSeries needs

@@ -51,7 +51,7 @@ def verdict_table(text: str) -> list[dict[str, str]]:
     return rows
 
 
-# What `lossspike demo` shows (lossspike/demo.py's stories): one run per loss reason, two healthy,
+# What `lossspike demo` shows (lossspike/cli/demo.py's stories): one run per loss reason, two healthy,
 # and a check row beside a healthy loss row for each default check and a notice.
 DEMO_VERDICTS = {
     ("hero-llama-8b", "healthy", "0"),

@@ -85,7 +85,7 @@ def write_database(path: Path, samples: list[Sample]) -> Path:
 @pytest.fixture(scope="session")
 def demo_db_original(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo fleet written once a session (about a second), for `demo_db` to copy."""
-    from lossspike.demo import write_demo_database
+    from lossspike.cli.demo import write_demo_database
 
     path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     write_demo_database(path, NOW)

@@ -25,8 +25,8 @@ from servers import bigquery as bqserver
 from servers import monitoring as monserver
 from servers.proxy import Faults, faulty_proxy
 
+from lossspike.cloud.function import bigquery_backend
 from lossspike.config.settings import OPTIONS
-from lossspike.function import bigquery_backend
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import REASONS, Thresholds
 from lossspike.sql.selection import CHECK_METRICS, Selection
@@ -368,7 +368,7 @@ def _clean_env() -> dict[str, str]:
 
 
 def test_function_runs_on_the_embedded_default(tmp_path, monkeypatch):
-    from lossspike.demo import write_demo_database
+    from lossspike.cli.demo import write_demo_database
 
     database = tmp_path / "laptop.duckdb"
     write_demo_database(database, NOW)
@@ -435,8 +435,8 @@ def _paging_rows(
 
 
 def _sink(monitoring):
+    from lossspike.cloud.monitoring import MonitoringSink
     from lossspike.config.settings import Settings
-    from lossspike.monitoring import MonitoringSink
 
     return MonitoringSink(Settings(project=PROJECT), monserver.make_client(monitoring.address))
 
@@ -607,8 +607,8 @@ def test_notify_rows_reach_only_the_notice_metric(monitoring):
 
 
 def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
+    from lossspike.cloud.function import Backend, handle
     from lossspike.config.settings import Settings
-    from lossspike.function import Backend, handle
 
     calls = []
     backend = Backend(store=None, sinks={"x": lambda rows, deadline: calls.append(rows) or {}})
@@ -624,7 +624,7 @@ def test_schedule_time_ahead_of_the_clock_is_refused(monitoring):
 
 
 def test_a_tick_without_a_schedule_time_takes_the_current_whole_minute():
-    from lossspike.function import tick_time
+    from lossspike.cloud.function import tick_time
 
     assert tick_time("POST", {}, clock=lambda: NOW + timedelta(seconds=59, microseconds=7)) == NOW
     exactly_five_ahead = {"X-CloudScheduler-ScheduleTime": "2026-11-30T12:05:00Z"}
@@ -633,8 +633,8 @@ def test_a_tick_without_a_schedule_time_takes_the_current_whole_minute():
 
 def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
     from lossspike.base.deadline import Deadline
+    from lossspike.cli.demo import write_demo_database
     from lossspike.config.settings import Settings
-    from lossspike.demo import write_demo_database
     from lossspike.evaluation.tick import run_tick
     from lossspike.stores.duckdb import DuckDBStore
 
@@ -666,8 +666,8 @@ def test_the_tick_deadline_stops_steps_that_cannot_finish_and_says_so(tmp_path):
 def test_the_log_line_names_the_series_that_kept_an_earlier_value(tmp_path):
     import io
 
+    from lossspike.cli.demo import write_demo_database
     from lossspike.config.settings import Settings
-    from lossspike.demo import write_demo_database
     from lossspike.evaluation.tick import run_tick
     from lossspike.stores.duckdb import DuckDBStore
 
@@ -727,7 +727,7 @@ def test_the_schedule_header_is_utc_whatever_the_process_time_zone(zone, tmp_pat
     behind UTC or 5.5 ahead: the tick runs at 12:00Z and gives the verdicts it gives under UTC."""
     from functions_framework import create_app
 
-    from lossspike.demo import write_demo_database
+    from lossspike.cli.demo import write_demo_database
 
     def tick(name: str, header: str) -> dict:
         database = tmp_path / f"{name}.duckdb"

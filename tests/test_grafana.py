@@ -27,9 +27,9 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from lossspike.base.times import format_rfc3339
+from lossspike.cli.demo import write_demo_database
 from lossspike.config.settings import Settings
 from lossspike.cost import model as cost_model
-from lossspike.demo import write_demo_database
 from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.checks import CHECKS
 from lossspike.rules.rule import NOTIFY, PAGING_REASONS, REASONS

@@ -15,12 +15,12 @@ from telemetry import telemetry_samples
 
 from lossspike.backtest.run import backtest
 from lossspike.backtest.ticks import tick_times
+from lossspike.cli.plot import check_episodes, run_figure
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate, tick_windows
 from lossspike.judge import minutes
 from lossspike.judge.detectors import shift_baseline
 from lossspike.judge.minutes import Partial
-from lossspike.plot import check_episodes, run_figure
 from lossspike.rules.rule import Thresholds
 from lossspike.sql.selection import Selection
 from lossspike.stores.duckdb import DuckDBStore

@@ -68,7 +68,7 @@ def stores(samples: list[Sample], processes: int = 1) -> dict[str, DuckDBStore]:
 
 @pytest.fixture(scope="module")
 def demo_stores(tmp_path_factory) -> dict[str, DuckDBStore]:
-    from lossspike.demo import write_demo_database
+    from lossspike.cli.demo import write_demo_database
 
     path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     write_demo_database(path, NOW)

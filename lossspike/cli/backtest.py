@@ -169,7 +169,7 @@ def _labels(path: str) -> list[Any]:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from lossspike.plot import plot_run
+    from lossspike.cli.plot import plot_run
     from lossspike.stores.open import open_store
 
     settings = _history_settings(args)

@@ -74,7 +74,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from lossspike.demo import DEMO_RUNS, write_demo_database
+    from lossspike.cli.demo import DEMO_RUNS, write_demo_database
     from lossspike.evaluation.evaluate import evaluate
     from lossspike.evaluation.render import render
     from lossspike.stores.duckdb import DuckDBStore

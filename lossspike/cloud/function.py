@@ -70,7 +70,7 @@ def preload(settings: Settings) -> None:
 
     modules = ["lossspike.stores.bigquery" if settings.backend == "bigquery" else "lossspike.stores.duckdb"]
     if settings.monitoring_enabled:
-        modules.append("lossspike.monitoring")
+        modules.append("lossspike.cloud.monitoring")
     for module in modules:
         importlib.import_module(module)
 
@@ -105,7 +105,7 @@ def duckdb_backend(settings: Settings, monitoring_client: Any = None) -> Backend
 def _add_monitoring(settings: Settings, sinks: dict[str, Sink], client: Any) -> None:
     if not settings.monitoring_enabled:
         return
-    from lossspike.monitoring import MonitoringSink
+    from lossspike.cloud.monitoring import MonitoringSink
 
     # The client is built on first use, so missing credentials fail this sink only.
     sink = MonitoringSink(settings, client)
