@@ -1,27 +1,7 @@
-"""Publish training metrics into the telemetry table, from any training loop.
+"""The Publisher: a bounded queue a background thread drains into a sink, so the training loop never waits.
 
-    publisher = Publisher(DuckDBSink("telemetry.duckdb"), run_id="hero-7b")
-    for step in ...:
-        publisher.log({"train/loss": loss, "grad/norm/total": norm}, step=step)
-    publisher.finish()
-
-Rows are the telemetry contract's (SPEC "Data contracts") plus `process_index`
-and `step`, one per scalar per logged step, from process 0 only, named as
-Levanter names them, with a `phase` row at start, on the first step with a loss,
-every 60 s and at `finish()` (levanter-telemetry-facts.md sections 2-4).
-
-The training loop never waits on the sink: `log()` only appends to a bounded
-in-memory queue that a background thread drains in batches. When the sink is
-down or slow the queue fills, the oldest rows go, and the count goes to the
-`lossspike.publish` logger at most once a minute. Nothing the publisher or the
-sink does raises into the loop. Each value is checked as log() takes it, so one
-bad value costs only itself; a script that ends without finish() is flushed, within
-a bound, at interpreter exit (docs/publishing.md has what each fault costs).
-
-One module, over 600 lines, because it is what a training loop imports: the
-Publisher and the sinks it writes through (DuckDB, BigQuery's Storage Write API
-and its insertAll fallback) come from one place, as the example above reads,
-and every sink writes the one Row shape defined here.
+What it drops it counts by cause (Counts) and logs at most once a minute; a script that ends without
+finish() is flushed, within a bound, at interpreter exit.
 """
 
 from __future__ import annotations
@@ -30,25 +10,31 @@ import atexit
 import collections
 import logging
 import math
-import numbers
-import operator
 import os
-import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any
 
-from lossspike.base.schema import TELEMETRY_COLUMNS
+from lossspike.publish.counts import Counts
+from lossspike.publish.row import (
+    BAD_STEP,
+    LOSS_NAME,
+    SERVICE,
+    Row,
+    RowsRefused,
+    Sink,
+    TrainingPhase,
+    checked_step,
+    checked_value,
+    metric_name,
+    one_line,
+)
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("lossspike.publish")  # one logger for the package, as before the split
 
-# Levanter's own service name, so rows read as Levanter's with today's `service` setting.
-SERVICE = "levanter"
 # Levanter republishes the phase this often (`_PHASE_HEARTBEAT_SECONDS` in its telemetry.py).
 HEARTBEAT_SECONDS = 60.0
 # Rows held while the sink is behind: 21 metrics at 1 Hz for about 40 minutes, a few MB.
@@ -69,10 +55,6 @@ SINK_ATTEMPTS = 3
 MAX_BACKOFF_SECONDS = 30.0
 # finish() waits this long by default: a job's exit should not hang on a dead table.
 FINISH_TIMEOUT_SECONDS = 30.0
-# The key whose presence marks a training step (Levanter sets TRAINING on `train/loss`).
-LOSS_KEY = "train/loss"
-# The step column is BIGINT / INT64: a step outside this range is dropped (the row is written with NULL).
-STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
 # finish() gives close() what is left of its deadline, but at least this, so a slow flush still closes.
 CLOSE_SECONDS = 0.5
 # At interpreter exit without finish(), unfinished publishers get this long in all: a dead sink cannot hold it.
@@ -87,109 +69,6 @@ ENV_EXECUTION_UID = "LOSSSPIKE_EXECUTION_UID"
 ENV_CLUSTER = "LOSSSPIKE_CLUSTER"
 ENV_PROCESS_INDEX = "LOSSSPIKE_PROCESS_INDEX"
 ENV_NAMES = (ENV_RUN_ID, ENV_JOB_ID, ENV_EXECUTION_UID, ENV_CLUSTER, ENV_PROCESS_INDEX)
-
-_NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
-
-# The columns a sink receives, in order: the contract's eight, then process_index and step.
-ROW_COLUMNS = (
-    "timestamp",
-    "service",
-    "name",
-    "value",
-    "cluster",
-    "run_id",
-    "job_id",
-    "execution_uid",
-    "process_index",
-    "step",
-)
-
-
-class TrainingPhase(IntEnum):
-    """Levanter's `phase` values (TrainingPhase in its tracker/telemetry.py)."""
-
-    INITIALIZING = 0
-    TRAINING = 1
-    FINISHED = 2
-
-
-@dataclass(frozen=True)
-class Row:
-    """One telemetry row: the contract's eight columns plus process_index and step."""
-
-    timestamp: datetime
-    service: str
-    name: str
-    value: float
-    cluster: str | None
-    run_id: str
-    job_id: str | None
-    execution_uid: str | None
-    process_index: int
-    step: int | None
-
-
-class RowsRefused(Exception):  # noqa: N818 - a refusal, not a failure of the sink
-    """A sink's answer that some rows of a batch can never be written (bad data, not a bad connection).
-
-    `rows` are their indexes in the batch, empty when the sink cannot tell which:
-    the publisher then splits the batch until it can. The other rows are written again at once.
-    """
-
-    def __init__(self, rows: Iterable[int], reason: str) -> None:
-        super().__init__(reason)
-        self.rows = tuple(rows)
-
-
-class Sink(Protocol):
-    """Where rows go. `write` may raise or be slow: the publisher counts, never propagates.
-
-    Raise RowsRefused for rows no retry can write; anything else is retried.
-    """
-
-    def write(self, rows: Sequence[Row]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def metric_name(key: str) -> str:
-    """The table name of a metric key: lower case, every other character than an ASCII letter,
-    digit or underscore `_` (SPEC "Publishing telemetry").
-
-    Levanter's `_metric_name` (marin-community/marin lib/levanter/src/levanter/tracker/telemetry.py)
-    makes the same substitution; every key Levanter logs is lower case already, so its names come
-    out identical (`train/loss` -> `train_loss`), and a plain loop's `Train/Loss` still lands on
-    the name the alert reads by default.
-    """
-    return _NOT_NAME.sub("_", key).lower()
-
-
-# The loss by its table name: TRAINING follows `train/loss`, `train_loss` or `Train/Loss` alike.
-LOSS_NAME = metric_name(LOSS_KEY)
-# _step's answer for a step no BIGINT holds (None is a valid step: log_summary's).
-_BAD_STEP: Any = object()
-
-
-def scalar(value: Any) -> float | None:
-    """The float of a real scalar (Python or NumPy/JAX 0-d), NaN and inf kept; None for anything else.
-
-    Booleans, strings, bytes, arrays of more than one element and complex numbers
-    are not metrics: Levanter's `_as_scalar` refuses the same.
-    """
-    if isinstance(value, bool | str | bytes):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    shape = getattr(value, "shape", None)
-    if shape is not None and tuple(shape) == () and hasattr(value, "item"):
-        try:
-            item = value.item()
-        except (TypeError, ValueError, RuntimeError):
-            return None
-        if isinstance(item, bool) or not isinstance(item, numbers.Real):
-            return None
-        return float(item)
-    return None
 
 
 def _env(name: str) -> str | None:
@@ -215,82 +94,12 @@ def _identity(value: Any, source: str) -> str | None:
     return value
 
 
-def _value(raw: Any) -> float | str:
-    """The float of `raw`, or the name of the Counts field its loss goes to."""
-    try:
-        value = scalar(raw)
-    except OverflowError:
-        return "dropped_out_of_range"
-    except Exception:  # noqa: BLE001 - a value that raises converting is that value's loss, not its call's
-        return "dropped_not_numeric"
-    return "dropped_not_numeric" if value is None else value
-
-
-def _step(step: Any) -> int | None:
-    """`step` as an int a BIGINT / INT64 column holds; _BAD_STEP for anything else."""
-    if step is None:
-        return None
-    if isinstance(step, bool | str | bytes):
-        return _BAD_STEP
-    if isinstance(step, float):
-        if not step.is_integer():
-            return _BAD_STEP
-        step = int(step)
-    try:
-        step = operator.index(step)  # ints, NumPy integers and 0-d integer arrays
-    except Exception:  # noqa: BLE001 - anything else is not a step
-        return _BAD_STEP
-    return int(step) if STEP_MIN <= step <= STEP_MAX else _BAD_STEP
-
-
 def _size(metrics: Any) -> int:
     """How many metrics a failed call held: its length, else 1 (the call itself)."""
     try:
         return max(1, len(metrics))
     except Exception:  # noqa: BLE001 - a mapping whose len() fails still lost one call
         return 1
-
-
-@dataclass
-class Counts:
-    """What the publisher did not write, by cause; a snapshot for logs and tests.
-
-    Every row is counted once: `written`, or one `dropped_*` field. `steps_dropped`
-    counts rows written with a NULL step because their step fit no BIGINT.
-    """
-
-    written: int = 0
-    dropped_queue_full: int = 0
-    dropped_sink_error: int = 0
-    dropped_refused: int = 0
-    dropped_not_numeric: int = 0
-    dropped_out_of_range: int = 0
-    dropped_too_many: int = 0
-    dropped_long_name: int = 0
-    dropped_log_failed: int = 0
-    dropped_at_finish: int = 0
-    dropped_at_exit: int = 0
-    steps_dropped: int = 0
-    sink_errors: int = 0
-
-    def dropped(self) -> int:
-        return self.unsent() + (
-            self.dropped_not_numeric
-            + self.dropped_out_of_range
-            + self.dropped_too_many
-            + self.dropped_long_name
-            + self.dropped_log_failed
-        )
-
-    def unsent(self) -> int:
-        """Rows that entered the queue and were not written: finish() is True only when this is 0."""
-        return (
-            self.dropped_queue_full
-            + self.dropped_sink_error
-            + self.dropped_refused
-            + self.dropped_at_finish
-            + self.dropped_at_exit
-        )
 
 
 # Each loss cause as the warning names it.
@@ -417,8 +226,8 @@ class Publisher:
         now = self._clock()
         if not isinstance(now, datetime):
             raise TypeError(f"the clock returned {type(now).__name__}, not a datetime")
-        row_step = _step(step)
-        bad_step = row_step is _BAD_STEP
+        row_step = checked_step(step)
+        bad_step = row_step is BAD_STEP
         if bad_step:
             row_step = None
         rows: list[Row] = []
@@ -431,7 +240,7 @@ class Publisher:
             if not isinstance(key, str) or len(key) > MAX_NAME_CHARS:
                 lost["dropped_long_name"] = lost.get("dropped_long_name", 0) + 1
                 continue
-            value = _value(raw)
+            value = checked_value(raw)
             if type(value) is str:
                 lost[value] = lost.get(value, 0) + 1
                 continue
@@ -523,7 +332,7 @@ class Publisher:
             try:
                 self._sink.close()
             except BaseException as error:  # noqa: BLE001 - the rows are written; a close error loses none
-                logger.warning("lossspike publisher: closing the sink failed: %s", _one_line(error))
+                logger.warning("lossspike publisher: closing the sink failed: %s", one_line(error))
             finally:
                 done.set()
 
@@ -686,7 +495,7 @@ class Publisher:
         """Count a sink error for the once-a-minute report; one that is not an Exception is also said, once."""
         with self._lock:
             self.counts.sink_errors += 1
-            self._last_error = _one_line(error)
+            self._last_error = one_line(error)
             kind = type(error).__name__
             first = not isinstance(error, Exception) and kind not in self._announced
             self._announced.add(kind)
@@ -695,7 +504,7 @@ class Publisher:
                 "lossspike publisher (run %s): %s raised %s, which is not an Exception; publishing goes on (said once)",
                 self.run_id,
                 where,
-                _one_line(error),
+                one_line(error),
             )
 
     def _drain_inline(self, deadline: float) -> None:
@@ -756,267 +565,3 @@ def _flush_at_exit() -> None:
 
 
 atexit.register(_flush_at_exit)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
-
-
-# -- sinks -------------------------------------------------------------------------------
-
-# The DuckDB table: the contract's types (SPEC "Data contracts") plus process_index and step.
-DUCKDB_COLUMNS = {**TELEMETRY_COLUMNS, "process_index": "BIGINT", "step": "BIGINT"}
-
-
-class DuckDBSink:
-    """Append rows to a DuckDB file's `telemetry` table, creating it in the contract's types if absent.
-
-    Each batch opens the file, appends in one transaction and closes it, so the
-    file is never held between batches and a reader (lossspike evaluate) can
-    open it in between; a batch that finds the file locked fails and is counted.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], table: str = "telemetry") -> None:
-        # Imported now, not at the first write, so DuckDB's exit handlers are registered before the
-        # Publisher's: the exit flush must run while DuckDB still takes queries.
-        import duckdb  # noqa: F401
-
-        from lossspike.sql.dialects import DUCKDB, quote_table
-
-        self.path = os.fspath(path)
-        self._table = quote_table(DUCKDB, table)
-        self._created = False
-
-    def _create(self, connection: Any) -> None:
-        columns = ", ".join(f'"{name}" {kind}' for name, kind in DUCKDB_COLUMNS.items())
-        connection.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
-        present = {r[0] for r in connection.execute(f"SELECT * FROM {self._table} LIMIT 0").description}
-        for name in ("process_index", "step"):
-            if name not in present:
-                connection.execute(f'ALTER TABLE {self._table} ADD COLUMN "{name}" BIGINT')
-        self._created = True
-
-    def write(self, rows: Sequence[Row]) -> None:
-        import duckdb
-
-        data = _arrow_rows(rows)
-        names = ", ".join(f'"{name}"' for name in ROW_COLUMNS)
-        with duckdb.connect(self.path) as connection:
-            if not self._created:
-                self._create(connection)
-            connection.register("lossspike_publish_rows", data)
-            try:
-                connection.execute(f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_publish_rows")
-            except (duckdb.DataError, duckdb.IntegrityError) as error:
-                # A value the table's types or constraints refuse: the whole insert fails, naming no row.
-                raise RowsRefused((), f"DuckDB refused the batch: {_one_line(error)}") from error
-
-    def write_arrow(self, data: Any, memory_limit: str | None = None) -> int:
-        """Insert an Arrow table or RecordBatchReader whose columns are the table's own, in one
-        statement (one transaction: all of it or none); the number of rows inserted.
-
-        A reader is consumed as DuckDB scans it, so a load of any size is held a batch at a time;
-        `memory_limit` caps DuckDB's buffers too (it writes a large insert's row groups to the file).
-        """
-        import duckdb
-
-        names = ", ".join(f'"{name}"' for name in data.schema.names)
-        config = {"memory_limit": memory_limit} if memory_limit else {}
-        with duckdb.connect(self.path, config=config) as connection:
-            # A missing table is made in the sink's columns, and its creation commits with the rows
-            # (a failed insert leaves no empty table behind); an existing one is never altered.
-            connection.begin()
-            columns = ", ".join(f'"{name}" {kind}' for name, kind in DUCKDB_COLUMNS.items())
-            connection.execute(f"CREATE TABLE IF NOT EXISTS {self._table} ({columns})")
-            connection.register("lossspike_arrow_rows", data)
-            inserted = connection.execute(
-                f"INSERT INTO {self._table} ({names}) SELECT {names} FROM lossspike_arrow_rows"
-            ).fetchone()
-            connection.commit()
-        return int(inserted[0]) if inserted else 0
-
-    def close(self) -> None:
-        pass
-
-
-def _arrow_rows(rows: Sequence[Row]) -> Any:
-    """The rows as an Arrow table in the sink column types (TIMESTAMP as UTC microseconds).
-
-    A row that does not convert is refused by index (RowsRefused): the Publisher's
-    rows always convert, so this only costs time for rows built elsewhere.
-    """
-    import pyarrow as pa
-
-    try:
-        return pa.table({name: [getattr(row, name) for row in rows] for name in ROW_COLUMNS}, schema=_arrow_schema())
-    except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
-        bad = [index for index, row in enumerate(rows) if not _converts(row)]
-        raise RowsRefused(bad, f"{len(bad)} of {len(rows)} rows do not fit the columns: {_one_line(error)}") from error
-
-
-def _converts(row: Row) -> bool:
-    import pyarrow as pa
-
-    try:
-        pa.table({name: [getattr(row, name)] for name in ROW_COLUMNS}, schema=_arrow_schema())
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return False
-    return True
-
-
-def _arrow_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("timestamp", pa.timestamp("us", tz="UTC")),
-            ("service", pa.string()),
-            ("name", pa.string()),
-            ("value", pa.float64()),
-            ("cluster", pa.string()),
-            ("run_id", pa.string()),
-            ("job_id", pa.string()),
-            ("execution_uid", pa.string()),
-            ("process_index", pa.int64()),
-            ("step", pa.int64()),
-        ]
-    )
-
-
-class BigQueryWriteSink:
-    """Append rows through the BigQuery Storage Write API's default stream, as Arrow record batches.
-
-    The cheapest write that keeps rows readable at once (docs/publishing.md has
-    the prices): $0.025/GiB with 2 TiB a month free, at-least-once, committed on
-    acknowledgement. `table` is `project.dataset.table`; the table must exist with
-    process_index and step columns. `client` is a BigQueryWriteClient (the
-    tests pass one bound to the emulator's gRPC port). A response with an error
-    or row errors raises, so the publisher counts the batch.
-    """
-
-    def __init__(self, table: str, client: Any = None, timeout_s: float = 10.0) -> None:
-        project, dataset, name = table.split(".")
-        self.table = table
-        self._stream = f"projects/{project}/datasets/{dataset}/tables/{name}/streams/_default"
-        if client is None:
-            from google.cloud import bigquery_storage_v1
-
-            client = bigquery_storage_v1.BigQueryWriteClient()
-        self._client = client
-        self._timeout_s = timeout_s
-
-    def write(self, rows: Sequence[Row]) -> None:
-        from google.cloud.bigquery_storage_v1 import types
-
-        data = _arrow_rows(rows)
-        batch = data.to_batches()[0] if data.num_rows else None
-        if batch is None:
-            return
-        request = types.AppendRowsRequest(
-            write_stream=self._stream,
-            arrow_rows=types.AppendRowsRequest.ArrowData(
-                writer_schema=types.ArrowSchema(serialized_schema=data.schema.serialize().to_pybytes()),
-                rows=types.ArrowRecordBatch(serialized_record_batch=batch.serialize().to_pybytes()),
-            ),
-        )
-        # The stream name routes the call (x-goog-request-params), as the client library's writer sends it.
-        metadata = (("x-goog-request-params", f"write_stream={self._stream}"),)
-        for response in self._client.append_rows(iter([request]), timeout=self._timeout_s, metadata=metadata):
-            if response.row_errors:
-                # Row errors mean no row of the request was appended; the caller drops those rows and
-                # sends the rest again (AppendRowsResponse.row_errors,
-                # https://cloud.google.com/python/docs/reference/bigquerystorage/latest/google.cloud.bigquery_storage_v1.types.AppendRowsResponse).
-                detail = response.row_errors[0].message
-                refused = [error.index for error in response.row_errors]
-                raise RowsRefused(
-                    refused, f"BigQuery Storage Write refused {len(refused)} of {len(rows)} rows: {detail}"
-                )
-            if response.error.code:
-                raise RuntimeError(f"BigQuery Storage Write refused {len(rows)} rows: {response.error.message}")
-            return
-        raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
-
-    def write_arrow(self, batch: Any) -> int:
-        """Append one Arrow record batch whose schema is the table's own columns (any subset, in
-        the table's types); raise as `write` does. The number of rows appended."""
-        from google.cloud.bigquery_storage_v1 import types
-
-        if not batch.num_rows:
-            return 0
-        request = types.AppendRowsRequest(
-            write_stream=self._stream,
-            arrow_rows=types.AppendRowsRequest.ArrowData(
-                writer_schema=types.ArrowSchema(serialized_schema=batch.schema.serialize().to_pybytes()),
-                rows=types.ArrowRecordBatch(serialized_record_batch=batch.serialize().to_pybytes()),
-            ),
-        )
-        metadata = (("x-goog-request-params", f"write_stream={self._stream}"),)
-        for response in self._client.append_rows(iter([request]), timeout=self._timeout_s, metadata=metadata):
-            if response.error.code or response.row_errors:
-                detail = response.error.message or response.row_errors[0].message
-                raise RuntimeError(f"BigQuery Storage Write refused {batch.num_rows} rows: {detail}")
-            return batch.num_rows
-        raise RuntimeError("BigQuery Storage Write closed the stream without an answer")
-
-    def close(self) -> None:
-        transport = getattr(self._client, "transport", None)
-        if transport is not None:
-            transport.close()
-
-
-def _bigquery_json(row: Row) -> dict[str, Any]:
-    value: float | str = row.value
-    if math.isnan(row.value):
-        value = "NaN"  # BigQuery's JSON spelling of non-finite FLOAT64 values
-    elif math.isinf(row.value):
-        value = "Infinity" if row.value > 0 else "-Infinity"
-    return {
-        "timestamp": row.timestamp.astimezone(UTC).isoformat(),
-        "service": row.service,
-        "name": row.name,
-        "value": value,
-        "cluster": row.cluster,
-        "run_id": row.run_id,
-        "job_id": row.job_id,
-        "execution_uid": row.execution_uid,
-        "process_index": row.process_index,
-        "step": row.step,
-    }
-
-
-class BigQueryInsertAllSink:
-    """Append rows with BigQuery's legacy streaming inserts (tabledata.insertAll).
-
-    `table` is `project.dataset.table`. The table must exist (Terraform makes it)
-    with process_index and step columns; a batch whose insert fails, wholly or in
-    part, raises so the publisher counts it. See docs/publishing.md for why this
-    path and what the Storage Write API would cost instead.
-    """
-
-    def __init__(self, table: str, client: Any = None, timeout_s: float = 10.0) -> None:
-        from google.cloud import bigquery
-
-        self.table = table
-        self._client = client or bigquery.Client()
-        self._timeout_s = timeout_s
-
-    def write(self, rows: Sequence[Row]) -> None:
-        from google.api_core.retry import Retry
-
-        errors = self._client.insert_rows_json(
-            self.table,
-            [_bigquery_json(row) for row in rows],
-            row_ids=[None] * len(rows),
-            retry=Retry(deadline=self._timeout_s),
-            timeout=self._timeout_s,
-        )
-        if errors:
-            # insertAll answers per row; rows refused only because another row was bad say `stopped`
-            # (https://cloud.google.com/bigquery/docs/reference/rest/v2/tabledata/insertAll).
-            bad = [e["index"] for e in errors if any(r.get("reason") != "stopped" for r in e.get("errors", []))]
-            first = errors[0].get("errors", [{}])[0].get("message", errors[0])
-            raise RowsRefused(bad, f"BigQuery refused {len(errors)} of {len(rows)} rows: {first}")
-
-    def close(self) -> None:
-        self._client.close()
