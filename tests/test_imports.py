@@ -1,4 +1,5 @@
-"""No import circle among the project's own modules, read from the source with `ast`.
+"""No import circle among the project's own modules, and no import from a lower layer into a higher
+one, read from the source with `ast`.
 
 Every import counts, at module level and inside functions: an import inside a function
 still runs, and a circle through one still trips whoever moves it to the top. Only the
@@ -160,7 +161,7 @@ def test_the_graph_sees_imports_at_module_level_and_inside_functions():
     assert "lossspike.stores.store" in graph["lossspike.stores.duckdb"]
     # Inside a function: the factory imports each store where it opens it.
     assert {"lossspike.stores.duckdb", "lossspike.stores.bigquery"} <= set(graph["lossspike.stores.open"])
-    # `from lossspike import minutes` names a module, not the package.
+    # `from lossspike.judge import minutes` names a module, not the package.
     assert "lossspike.judge.minutes" in graph["lossspike.evaluation.evaluate"]
     # The type-only import in labels' `if TYPE_CHECKING:` block never runs.
     assert "lossspike.backtest.run" not in graph["lossspike.backtest.labels"]
@@ -169,3 +170,59 @@ def test_the_graph_sees_imports_at_module_level_and_inside_functions():
 def test_a_planted_circle_is_found_and_printed_in_order():
     graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3, "d": 4}, "d": {}, "e": {"e": 5}}
     assert find_cycles(graph) == [["a", "b", "c", "a"]]
+
+
+# The package's layers, lowest first (docs/architecture.md): a module may import its own layer and
+# any below it, never one above. Each is a folder of lossspike/, but for the Levanter tracker, a
+# top-level module because users import it by that name.
+LAYERS = (
+    "base",  # schemas, times, deadlines, errors: imports nothing of lossspike
+    "rules",  # the rule, the checks, the phase, in plain Python
+    "sql",  # the statements, dialects as data
+    "publish",  # the training side: needs only the row's schema and the dialects
+    "judge",  # the minute layer, the detectors, the seed verdicts
+    "config",  # settings and overrides
+    "stores",  # DuckDB and BigQuery behind one interface
+    "evaluation",  # one tick
+    "backtest",  # ticks replayed over history
+    "cost",  # what the statements bill
+    "ingest",  # loading history
+    "cloud",  # the Cloud Function and Cloud Monitoring
+    "cli",  # the command line, the demo, the plot
+    "levanter_tracker",  # Levanter's tracker, on top of publish
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The layer's rank of a project module; None for the package's own __init__."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    assert parts[1] in LAYERS, f"{module} is in no layer: add its folder to LAYERS and docs/architecture.md"
+    return LAYERS.index(parts[1])
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import from a lower layer into a higher one, as `a -> b (line N)`."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        for target, line in sorted(edges.items()):
+            low, high = layer_of(module), layer_of(target)
+            if low is not None and high is not None and high > low:
+                found.append(f"{module} ({LAYERS[low]}) -> {target} ({LAYERS[high]}), line {line}")
+    return found
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = upward_imports(import_graph())
+    assert not upward, "imports into a higher layer:\n  " + "\n  ".join(upward)
+
+
+def test_a_planted_upward_import_is_found():
+    graph = {"lossspike.base.times": {"lossspike.config.settings": 7}, "lossspike.config.settings": {}}
+    assert upward_imports(graph) == ["lossspike.base.times (base) -> lossspike.config.settings (config), line 7"]
+
+
+def test_the_top_level_holds_the_layers_as_folders():
+    top = {p.name for p in ROOT.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
+    assert top == {"__init__.py", "levanter_tracker.py", *(name for name in LAYERS if name != "levanter_tracker")}
