@@ -147,7 +147,7 @@ MUTANTS = [
         PROPERTIES,
     ),
     Mutant(
-        # The tick's windows are whole minutes counted back from now (tick_sql.loss_window_query, which
+        # The tick's windows are whole minutes counted back from now (sql.tick.loss_window_query, which
         # drew the edge per row, is now only the rollup tests' reference): a row on a minute's
         # start falls into the minute before, the hour's start moving with the recent window's.
         "recent window starts one instant late (DuckDB's minutes back from now: the hour's start too)",

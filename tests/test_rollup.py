@@ -2,7 +2,7 @@
 
 On DuckDB the buckets are computed inline from raw telemetry, with the very SQL
 that defines the BigQuery rollup view, bucketed back from `now`; the raw seed query
-(tick_sql.loss_window_query, one GROUP BY per run) is the reference.
+(sql.tick.loss_window_query, one GROUP BY per run) is the reference.
 tests/test_rollup_cloud.py runs the view itself on the BigQuery emulator.
 """
 

@@ -327,7 +327,7 @@ def tick_runs(
     loss_before: int = 0,
     block_minutes: int = HISTORY_BLOCK_MINUTES,
 ) -> TickRuns:
-    """Assemble a tick's read (tick_sql.tick_read_query) into per-run arrays.
+    """Assemble a tick's read (sql.tick.tick_read_query) into per-run arrays.
 
     Runs are those with a sample in the hour, in code-point order. A run's loss windows
     read its newest attempt (the attempt of its newest loss or phase row, attempt_key and

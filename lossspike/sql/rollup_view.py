@@ -1,6 +1,6 @@
 """The rollup view: its query, the Terraform templates made from it, and its refresh.
 
-`minute_buckets` is the view's SELECT (bucket_sql's minute bucket, with literal filters);
+`minute_buckets` is the view's SELECT (sql/bucket.py's minute bucket, with literal filters);
 `rollup_view_template` turns it into the templates in terraform/sql/, one per telemetry shape
 and `process` setting (tests/test_terraform.py checks they are current); `refresh_statement`
 brings the view up to date at the start of a tick's script.

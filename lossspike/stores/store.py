@@ -25,7 +25,7 @@ from lossspike.sql.tick import TickWindows
 
 @dataclass(frozen=True)
 class TickRead:
-    """What a tick reads in one job: its minute buckets (tick_sql.tick_read_query) and the override rows."""
+    """What a tick reads in one job: its minute buckets (sql.tick.tick_read_query) and the override rows."""
 
     buckets: pa.Table
     overrides: list[OverrideRow] = field(default_factory=list)
