@@ -36,7 +36,10 @@ from servers import bigquery as bqserver  # noqa: E402
 from servers.proxy import Faults, faulty_proxy  # noqa: E402
 
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings  # noqa: E402
-from lossspike.cost import model as cost_model  # noqa: E402
+from lossspike.cost import designs as cost_designs  # noqa: E402
+from lossspike.cost import fleet as cost_fleet  # noqa: E402
+from lossspike.cost import grafana as cost_grafana  # noqa: E402
+from lossspike.cost import parts as cost_parts  # noqa: E402
 from lossspike.cost import statements as cost_statements  # noqa: E402
 from lossspike.evaluation.evaluate import evaluate  # noqa: E402
 from lossspike.rules.rule import enrolled_runs  # noqa: E402
@@ -51,8 +54,8 @@ RUNS = (10, 100, 1000)
 # The settings a tick runs with, by `lossspike cost --rules` name: the defaults, or the seed
 # rule alone (SPEC's --detectors none --attempts all --checks none), and each one's target.
 RULES = {
-    "defaults": ({}, cost_model.DEFAULT_RATIO_TARGET),
-    "seed": ({"detectors": (), "checks": (), "attempts": "all"}, cost_model.SEED_RATIO_TARGET),
+    "defaults": ({}, cost_parts.DEFAULT_RATIO_TARGET),
+    "seed": ({"detectors": (), "checks": (), "attempts": "all"}, cost_parts.SEED_RATIO_TARGET),
 }
 
 
@@ -89,7 +92,7 @@ def captured_ticks(rules: dict[str, Any]) -> dict[str, list[tuple[str, dict[str,
             rollup_table=rollup,
             **rules,
         )
-        for clock in cost_model.TIMES_OF_DAY:
+        for clock in cost_designs.TIMES_OF_DAY:
             hour, minute = map(int, clock.split(":"))
             now = DAY.replace(hour=hour, minute=minute)
             faults = Faults()
@@ -152,13 +155,13 @@ def main() -> int:
         print(f"  {clock}: {len(jobs)} jobs: " + "; ".join(sql.split("\n", 1)[0][:60] for sql, _ in jobs))
     failed = 0
     print(f"\nMiB a tick, and its ratio to the floor, with / without clustering pruning (target <= {target} with):")
-    header = " ".join(f"{clock:>22}" for clock in cost_model.TIMES_OF_DAY)
+    header = " ".join(f"{clock:>22}" for clock in cost_designs.TIMES_OF_DAY)
     print(f"{'partition':>9} {'runs':>5} {'floor MiB':>9} {header}  $/month")
     for partition in ("DAY", "HOUR"):
         for runs in RUNS:
-            fleet = cost_model.Fleet(runs=runs, partition=partition)
+            fleet = cost_fleet.Fleet(runs=runs, partition=partition)
             models = cost_statements.tables(fleet, telemetry, rollup, alerts, overrides)
-            floor = cost_model.floor_bytes(fleet)
+            floor = cost_parts.floor_bytes(fleet)
             cells, worst, month = [], 0.0, []
             for clock, jobs in ticks.items():
                 now = DAY.replace(hour=int(clock[:2]), minute=int(clock[3:]))
@@ -173,25 +176,25 @@ def main() -> int:
                 worst = max(worst, billed[True] / floor)
                 month.append(billed[True])
                 cells.append(
-                    f"{billed[True] / cost_model.MIB:6.1f} {billed[True] / floor:4.2f} / {billed[False] / floor:4.2f}x"
+                    f"{billed[True] / cost_fleet.MIB:6.1f} {billed[True] / floor:4.2f} / {billed[False] / floor:4.2f}x"
                 )
             ok = worst <= target
             failed += not ok
-            dollars = cost_model.monthly(sum(month) / len(month))
+            dollars = cost_parts.monthly(sum(month) / len(month))
             print(
-                f"{partition:>9} {runs:>5} {floor / cost_model.MIB:>9.1f} "
+                f"{partition:>9} {runs:>5} {floor / cost_fleet.MIB:>9.1f} "
                 + " ".join(f"{c:>22}" for c in cells)
                 + f"  {dollars:7.2f}{'' if ok else '  MISSED'}"
             )
-    largest = cost_model.tick_cost(cost_model.Fleet(runs=1000), DAY.replace(hour=23, minute=50), pruned=False).bytes
+    largest = cost_parts.tick_cost(cost_fleet.Fleet(runs=1000), DAY.replace(hour=23, minute=50), pruned=False).bytes
     cap = DEFAULT_MAX_BYTES_BILLED
     print(
-        f"\nlargest 1,000-run tick {largest / cost_model.MIB:,.0f} MiB;"
-        f" default cap {cap / cost_model.MIB:,.0f} MiB ({cap / largest:.1f}x)"
+        f"\nlargest 1,000-run tick {largest / cost_fleet.MIB:,.0f} MiB;"
+        f" default cap {cap / cost_fleet.MIB:,.0f} MiB ({cap / largest:.1f}x)"
     )
     print("\nGrafana, per month (model of the shipped files, checked by tests/test_grafana.py):")
     for runs in RUNS:
-        with_, without = (cost_model.grafana_cost(cost_model.Fleet(runs=runs), pruned) for pruned in (True, False))
+        with_, without = (cost_grafana.grafana_cost(cost_fleet.Fleet(runs=runs), pruned) for pruned in (True, False))
         print(
             f"  {runs:>5} runs: dashboard ${with_['dashboard']['dollars_per_month']:.2f} per open browser"
             f" (without pruning ${without['dashboard']['dollars_per_month']:.2f}), alert rule"

@@ -411,7 +411,7 @@ MUTANTS = [
     ),
     Mutant(
         "cost: the view read ignores clustering pruning",
-        "lossspike/cost/model.py",
+        "lossspike/cost/parts.py",
         "now - timedelta(minutes=end), now, fleet.partition_minutes, pruned\n        )\n        read = roles",
         "now - timedelta(minutes=end), now, fleet.partition_minutes, False\n        )\n        read = roles",
         ["tests/test_cost.py"],
@@ -563,7 +563,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 17: more runs may page than are watched",
-        "lossspike/cost/model.py",
+        "lossspike/cost/fleet.py",
         '"paging_runs": self.runs}',
         '"paging_runs": math.inf}',
         [f"{HOSTILE_ARGUMENTS}[args6---paging-runs must be a finite number from 0 to 10]"],
@@ -959,7 +959,7 @@ MUTANTS = [
     ),
     Mutant(
         "issue 27: cost: priced per TB, not per TiB",
-        "lossspike/cost/model.py",
+        "lossspike/cost/fleet.py",
         "TIB = 2**40",
         "TIB = 10**12",
         ["tests/test_cost.py::test_dollars_are_bytes_in_tib_times_the_list_price"],

@@ -13,7 +13,10 @@ from commandline import lossspike, one_line_error
 from servers import bigquery as bqserver
 
 from lossspike.config.settings import DEFAULT_MAX_BYTES_BILLED, Settings
-from lossspike.cost import model as cost_model
+from lossspike.cost import designs as cost_designs
+from lossspike.cost import fleet as cost_fleet
+from lossspike.cost import grafana as cost_grafana
+from lossspike.cost import parts as cost_parts
 from lossspike.cost import report as cost_report
 from lossspike.cost import statements as cost_statements
 from lossspike.rules.rule import DETECTORS
@@ -36,11 +39,11 @@ def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at
     # the view is clustered by (metric, minute), every part of the read filters both; the alerts
     # table by evaluated_at first (terraform/bigquery.tf).
     seed = rules == "seed"
-    fleet = cost_model.Fleet(runs=runs, detectors=() if seed else DETECTORS, checks=not seed, shape=shape)
+    fleet = cost_fleet.Fleet(runs=runs, detectors=() if seed else DETECTORS, checks=not seed, shape=shape)
     report = cost_report.estimate(fleet)
     ticks = report["designs"][design]["at"]
     assert set(ticks) == {"00:10", "12:00", "23:50"}
-    target = cost_model.SEED_RATIO_TARGET if seed else cost_model.DEFAULT_RATIO_TARGET
+    target = cost_parts.SEED_RATIO_TARGET if seed else cost_parts.DEFAULT_RATIO_TARGET
     met = all(tick["ratio"] <= target for tick in ticks.values())
     assert met, ticks
     # The floor's new rows are the shape's own: the contract's columns it has, and the columns that
@@ -48,7 +51,7 @@ def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at
     new_rows = fleet.telemetry_rows_per_minute * fleet.floor_row_bytes
     assert fleet.floor_row_bytes == {"contract": 116, "levanter.metrics": 130, "telemetry_v1": 134}[shape]
     assert report["floor_bytes"] == round(
-        max(new_rows, cost_model.MIN_BYTES_PER_TABLE) + 3 * cost_model.MIN_BYTES_PER_TABLE
+        max(new_rows, cost_fleet.MIN_BYTES_PER_TABLE) + 3 * cost_fleet.MIN_BYTES_PER_TABLE
     )
     # Flat through the day: every tick reads the same new minute and the same hour of the view.
     assert len({tick["bytes"] for tick in ticks.values()}) == 1
@@ -59,7 +62,7 @@ def test_a_tick_bills_at_most_1_15_times_its_floor_on_day_and_hour_partitions_at
 def test_without_clustering_pruning_day_partitions_read_the_day_so_far():
     # What the clustering buys: without block pruning a DAY-partitioned view is read from midnight
     # (and at 00:10 all of yesterday too), HOUR partitions from the top of the previous hour.
-    design = cost_report.estimate(cost_model.Fleet(runs=1000, detectors=(), checks=False))["designs"]
+    design = cost_report.estimate(cost_fleet.Fleet(runs=1000, detectors=(), checks=False))["designs"]
     day, hour = design["rollup, DAY partitions"]["at"], design["rollup, HOUR partitions"]["at"]
     assert day["00:10"]["ratio_without_pruning"] > 3 and day["12:00"]["ratio_without_pruning"] > 2
     # HOUR partitions bound the read even unpruned: at 23:50 the hour's view rows of every role,
@@ -68,30 +71,30 @@ def test_without_clustering_pruning_day_partitions_read_the_day_so_far():
 
 
 def test_small_fleets_pay_the_10_mib_minimum_of_each_table():
-    at_noon = cost_report.estimate(cost_model.Fleet(runs=10))["designs"]["rollup, HOUR partitions"]["at"]["12:00"]
+    at_noon = cost_report.estimate(cost_fleet.Fleet(runs=10))["designs"]["rollup, HOUR partitions"]["at"]["12:00"]
     parts = {p["part"]: p["bytes"] for p in at_noon["parts"]}
     assert parts == {
-        "rollup refresh (new rows)": cost_model.MIN_BYTES_PER_TABLE,
-        "rollup read": cost_model.MIN_BYTES_PER_TABLE,
-        "base rows newer than the refresh": cost_model.MIN_BYTES_PER_TABLE,
-        "write: existence test": cost_model.MIN_BYTES_PER_TABLE,
+        "rollup refresh (new rows)": cost_fleet.MIN_BYTES_PER_TABLE,
+        "rollup read": cost_fleet.MIN_BYTES_PER_TABLE,
+        "base rows newer than the refresh": cost_fleet.MIN_BYTES_PER_TABLE,
+        "write: existence test": cost_fleet.MIN_BYTES_PER_TABLE,
     }
     assert at_noon["ratio"] == 1.0
 
 
 def test_the_refresh_reads_each_new_row_once_and_other_runs_add_their_new_rows_only():
-    fleet = cost_model.Fleet(runs=1000)
+    fleet = cost_fleet.Fleet(runs=1000)
     at_noon = cost_report.estimate(fleet)["designs"]["rollup, HOUR partitions"]["at"]["12:00"]
     refresh = next(p for p in at_noon["parts"] if p["part"].startswith("rollup refresh"))
     # One minute of every telemetry row, in the 116 bytes of the columns the view reads.
     assert refresh["bytes"] == pytest.approx(fleet.telemetry_rows_per_minute * 116)
-    crowded = cost_model.tick_cost(replace(fleet, non_hero_runs=4000), datetime(2026, 11, 30, 12, tzinfo=UTC))
-    alone = cost_model.tick_cost(fleet, datetime(2026, 11, 30, 12, tzinfo=UTC))
+    crowded = cost_parts.tick_cost(replace(fleet, non_hero_runs=4000), datetime(2026, 11, 30, 12, tzinfo=UTC))
+    alone = cost_parts.tick_cost(fleet, datetime(2026, 11, 30, 12, tzinfo=UTC))
     assert crowded.bytes - alone.bytes == pytest.approx(4000 * 21 * 60 * 116)
 
 
 def test_the_raw_query_grows_with_the_time_of_day():
-    raw = cost_report.estimate(cost_model.Fleet(runs=1000))["designs"]["raw query, DAY partitions"]["at"]
+    raw = cost_report.estimate(cost_fleet.Fleet(runs=1000))["designs"]["raw query, DAY partitions"]["at"]
     assert raw["23:50"]["bytes"] > 1.9 * raw["12:00"]["bytes"]
     assert raw["12:00"]["ratio"] > 100  # why a telemetry view without the rollup is priced apart
 
@@ -103,10 +106,10 @@ def test_the_arithmetic_prices_what_the_tick_statements_bill(runs, partition, sh
     # `lossspike cost` is arithmetic (it must run without sqlglot); the benchmark prices the SQL a
     # tick sends. Both must say the same for the statements the store builds today, on every shape
     # (on timestamp_ms the bounds are integer parameters on the stored column).
-    fleet = cost_model.Fleet(runs=runs, partition=partition, shape=shape)
+    fleet = cost_fleet.Fleet(runs=runs, partition=partition, shape=shape)
     models = cost_statements.statement_models(fleet)
-    for clock in cost_model.TIMES_OF_DAY:
-        now = cost_model._at(clock, cost_model.DAY)
+    for clock in cost_designs.TIMES_OF_DAY:
+        now = cost_designs._at(clock, cost_designs.DAY)
         jobs, views = cost_statements.tick_statements(fleet, now)
         for pruned in (True, False):
             parts = [
@@ -114,15 +117,15 @@ def test_the_arithmetic_prices_what_the_tick_statements_bill(runs, partition, sh
                 for q in jobs
                 for p in cost_statements.price_statement(q.sql, q.params, models, now, views, pruned=pruned)
             ]
-            assert sum(p.bytes for p in parts) == pytest.approx(cost_model.tick_cost(fleet, now, True, pruned).bytes)
+            assert sum(p.bytes for p in parts) == pytest.approx(cost_parts.tick_cost(fleet, now, True, pruned).bytes)
 
 
 def test_the_view_read_prices_each_part_of_the_tick_read():
     # The tick's read has four parts (lossspike.sql.tick.tick_read_query); each filters its metric roles
     # and its minutes, which the view's (metric, minute) clustering prunes to.
     noon = datetime(2026, 11, 30, 12, tzinfo=UTC)
-    seed = cost_model.view_read_part(cost_model.Fleet(runs=1000, detectors=(), checks=False), noon, pruned=True)
-    full = cost_model.view_read_part(cost_model.Fleet(runs=1000), noon, pruned=True)
+    seed = cost_parts.view_read_part(cost_fleet.Fleet(runs=1000, detectors=(), checks=False), noon, pruned=True)
+    full = cost_parts.view_read_part(cost_fleet.Fleet(runs=1000), noon, pruned=True)
     assert "hour 60 min" in seed.arithmetic and "eval" not in seed.arithmetic and "history" not in seed.arithmetic
     assert "eval 1,445 min x 100 rows/min" in full.arithmetic and "history 120 min x 1,200 rows/min" in full.arithmetic
     # The checks' pending period (5 min) reads that much more of each check part, and loss_jump's
@@ -132,7 +135,7 @@ def test_the_view_read_prices_each_part_of_the_tick_read():
     assert seed.bytes < full.bytes < 3 * seed.bytes
     # Without pruning the day of evaluation rows costs every row of the day: the clustering is what
     # keeps the eval check affordable.
-    assert cost_model.view_read_part(cost_model.Fleet(runs=1000), noon, pruned=False).bytes > 5 * full.bytes
+    assert cost_parts.view_read_part(cost_fleet.Fleet(runs=1000), noon, pruned=False).bytes > 5 * full.bytes
 
 
 def test_a_loader_whose_rows_wait_in_the_streaming_buffer_pays_them_at_every_tick():
@@ -140,11 +143,11 @@ def test_a_loader_whose_rows_wait_in_the_streaming_buffer_pays_them_at_every_tic
     # needs (https://cloud.google.com/bigquery/docs/materialized-views-intro): every tick re-reads
     # the buffered minutes.
     noon = datetime(2026, 11, 30, 12, tzinfo=UTC)
-    fleet = cost_model.Fleet(runs=1000)
-    committed = cost_model.tick_cost(fleet, noon).bytes
-    buffered = cost_model.tick_cost(replace(fleet, buffer_minutes=5), noon).bytes
+    fleet = cost_fleet.Fleet(runs=1000)
+    committed = cost_parts.tick_cost(fleet, noon).bytes
+    buffered = cost_parts.tick_cost(replace(fleet, buffer_minutes=5), noon).bytes
     assert buffered - committed == pytest.approx(
-        5 * fleet.telemetry_rows_per_minute * 116 - cost_model.MIN_BYTES_PER_TABLE
+        5 * fleet.telemetry_rows_per_minute * 116 - cost_fleet.MIN_BYTES_PER_TABLE
     )
     apart = cost_report.estimate(fleet)["apart"]["streaming buffer, per minute rows wait"]
     assert apart["bytes"] == pytest.approx(fleet.telemetry_rows_per_minute * 116, abs=1)
@@ -152,17 +155,17 @@ def test_a_loader_whose_rows_wait_in_the_streaming_buffer_pays_them_at_every_tic
 
 @pytest.mark.parametrize("runs", RUNS)
 def test_an_open_dashboard_costs_at_most_5_dollars_a_month_and_the_rule_is_priced(runs):
-    grafana = cost_report.estimate(cost_model.Fleet(runs=runs))["grafana"]
+    grafana = cost_report.estimate(cost_fleet.Fleet(runs=runs))["grafana"]
     assert grafana["dashboard"]["dollars_per_month"] <= 5.0
-    assert grafana["dashboard"]["refresh_minutes"] == cost_model.DASHBOARD_REFRESH_MINUTES
+    assert grafana["dashboard"]["refresh_minutes"] == cost_grafana.DASHBOARD_REFRESH_MINUTES
     # The rule evaluates every minute: at least its 10 MiB minimum 43,200 times a month.
     assert grafana["alert_rule"]["dollars_per_month"] == pytest.approx(
-        cost_model.monthly(cost_model.MIN_BYTES_PER_TABLE), abs=0.5
+        cost_parts.monthly(cost_fleet.MIN_BYTES_PER_TABLE), abs=0.5
     )
 
 
 def test_monitoring_ingestion_is_proportionate_to_the_pages():
-    report = cost_report.estimate(cost_model.Fleet(runs=1000, paging_runs=10))["monitoring"]
+    report = cost_report.estimate(cost_fleet.Fleet(runs=1000, paging_runs=10))["monitoring"]
     # Two gauges per run each minute (the old design) cost about $130 a month at 1,000 runs.
     assert report["before"]["dollars"] == pytest.approx(131, abs=2)
     assert report["after"]["dollars"] == 0 and report["after"]["series_per_tick"] == 11
@@ -199,7 +202,7 @@ def test_cost_runs_where_sqlglot_is_not_installed():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["designs"]["rollup, DAY partitions"]["worst_ratio"] <= cost_model.SEED_RATIO_TARGET
+    assert json.loads(result.stdout)["designs"]["rollup, DAY partitions"]["worst_ratio"] <= cost_parts.SEED_RATIO_TARGET
 
 
 def test_actual_bytes_per_day_and_statement_from_the_jobs_view(tmp_path):
@@ -247,13 +250,13 @@ def test_dollars_are_bytes_in_tib_times_the_list_price():
     charges per TiB", https://cloud.google.com/bigquery/docs/best-practices-costs), at SPEC's
     $6.25. By hand: the Grafana rule's 10 MiB minimum each minute is 43,200 x 10 MiB = 432,000 MiB
     a month, 432,000 / 1,048,576 TiB = 0.41199 TiB, x $6.25 = $2.57 (per TB it would be $2.83)."""
-    rule = cost_report.estimate(cost_model.Fleet(runs=100))["grafana"]["alert_rule"]
+    rule = cost_report.estimate(cost_fleet.Fleet(runs=100))["grafana"]["alert_rule"]
     assert rule["dollars_per_month"] == 2.57
     # One TiB of reads a month costs the list price exactly, one TB 9% less.
-    assert cost_model.monthly(2**40, per_month=1) == 6.25
-    assert cost_model.monthly(10**12, per_month=1) == pytest.approx(5.684, abs=0.001)
+    assert cost_parts.monthly(2**40, per_month=1) == 6.25
+    assert cost_parts.monthly(10**12, per_month=1) == pytest.approx(5.684, abs=0.001)
     # A design's monthly figure is its mean tick in TiB, times the ticks of a month, times $6.25.
-    report = cost_report.estimate(cost_model.Fleet(runs=1000))
+    report = cost_report.estimate(cost_fleet.Fleet(runs=1000))
     design = report["designs"]["rollup, HOUR partitions"]
     mean = sum(t["bytes"] for t in design["at"].values()) / len(design["at"])
     assert report["price_per_tib"] == 6.25

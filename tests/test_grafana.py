@@ -29,7 +29,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 from lossspike.base.times import format_rfc3339
 from lossspike.cli.demo import write_demo_database
 from lossspike.config.settings import Settings
-from lossspike.cost import model as cost_model
+from lossspike.cost import grafana as cost_grafana
 from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.checks import CHECKS
 from lossspike.rules.rule import NOTIFY, PAGING_REASONS, REASONS
@@ -49,7 +49,7 @@ GRAFANA_ENV = {
     "LOSSSPIKE_RUNBOOK_URL": "https://runbook.example/ls",
     "LOSSSPIKE_GRAFANA_NOTICE_CONTACT_POINT": "ml-notices",
 }
-# The tables the dashboard and the rule read, as lossspike.cost.model models them.
+# The tables the dashboard and the rule read, as lossspike.cost.grafana models them.
 COST_TABLES = {"alerts": "loss_spike_alerts", "rollup": "${minutes_view}"}
 
 # The per-minute rollup the lead builds in BigQuery (materialized view `loss_spike_minutes`),
@@ -744,10 +744,10 @@ def _minutes(duration: str) -> int:
 
 
 def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
-    # lossspike.cost.model prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
+    # lossspike.cost.grafana prices what this file sends (`lossspike cost`, docs/cost.md's figures): its
     # refresh, range, queries, tables, windows and columns must be the file's.
-    assert _minutes(DASHBOARD["refresh"]) == cost_model.DASHBOARD_REFRESH_MINUTES
-    assert DASHBOARD["time"] == {"from": f"now-{cost_model.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
+    assert _minutes(DASHBOARD["refresh"]) == cost_grafana.DASHBOARD_REFRESH_MINUTES
+    assert DASHBOARD["time"] == {"from": f"now-{cost_grafana.DASHBOARD_RANGE_MINUTES // 60}h", "to": "now"}
     targets = {p["title"]: p["targets"] for p in DASHBOARD["panels"]}
     sent = {
         "Evaluator freshness": targets["Evaluator freshness"][0],
@@ -757,15 +757,16 @@ def test_the_cost_model_prices_the_shipped_dashboard_and_rule():
         "Loss against the band B": targets["Loss against the band: $run"][1],
         "Paging episodes": DASHBOARD["annotations"]["list"][0]["target"],
     }
-    assert set(sent) == set(cost_model.DASHBOARD_TARGETS)
+    assert set(sent) == set(cost_grafana.DASHBOARD_TARGETS)
     # Every query the dashboard sends is priced; a panel reusing another's results sends none.
     queries = sum(1 for t in targets.values() for target in t if "panelId" not in target)
     assert queries + len(DASHBOARD["annotations"]["list"]) == len(sent)
     assert (
-        _minutes(provision_rules(RULES_TEXT, GRAFANA_ENV)["groups"][0]["interval"]) == cost_model.RULE_INTERVAL_MINUTES
+        _minutes(provision_rules(RULES_TEXT, GRAFANA_ENV)["groups"][0]["interval"])
+        == cost_grafana.RULE_INTERVAL_MINUTES
     )
-    checked = [*((sent[name]["rawSql"], model) for name, model in cost_model.DASHBOARD_TARGETS.items())]
-    checked.append((rule_sql().replace("lossspike.", "${project}.${dataset}."), cost_model.RULE_TARGET))
+    checked = [*((sent[name]["rawSql"], model) for name, model in cost_grafana.DASHBOARD_TARGETS.items())]
+    checked.append((rule_sql().replace("lossspike.", "${project}.${dataset}."), cost_grafana.RULE_TARGET))
     for sql, (table, window, columns) in checked:
         assert f"${{project}}.${{dataset}}.{COST_TABLES[table]}`" in sql, sql
         if window == "range":

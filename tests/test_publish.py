@@ -429,7 +429,8 @@ def test_a_bigquery_refusal_costs_the_batch_never_the_loop(bq_endpoint: str) -> 
 
 @pytest.mark.parametrize("runs", [10, 100, 1000])
 def test_ingestion_per_month_matches_a_hand_computation(runs: int) -> None:
-    from lossspike.cost.model import Fleet, ingestion
+    from lossspike.cost.fleet import Fleet
+    from lossspike.cost.ingestion import ingestion
 
     feed = ingestion(Fleet(runs=runs))
     # SPEC's fleet: 21 metrics at 1 Hz; a row is the contract's 116 B plus process_index and step (8 B each).

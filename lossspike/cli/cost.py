@@ -54,7 +54,7 @@ def add_parsers(commands: Any) -> None:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from lossspike.cost.model import Fleet
+    from lossspike.cost.fleet import Fleet
     from lossspike.cost.report import estimate, render
     from lossspike.rules.rule import DETECTORS
 

@@ -1,7 +1,8 @@
 """The report behind `lossspike cost`: the estimate (the json), its table for people, and
 `--actual`'s query of what BigQuery says it billed and its table.
 
-The figures are lossspike.cost.model's; this module only gathers and renders them.
+The figures are the model's (lossspike.cost.fleet, parts, grafana, designs, ingestion); this
+module only gathers and renders them.
 """
 
 from __future__ import annotations
@@ -11,22 +12,11 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any
 
-from lossspike.cost.model import (
-    DAY,
-    DEFAULT_RATIO_TARGET,
-    MIB,
-    PRICE_PER_TIB,
-    SEED_RATIO_TARGET,
-    TIB,
-    TICKS_PER_MONTH,
-    Fleet,
-    apart,
-    design_cost,
-    floor_bytes,
-    grafana_cost,
-    ingestion,
-    monitoring_monthly,
-)
+from lossspike.cost.designs import DAY, apart, design_cost
+from lossspike.cost.fleet import MIB, PRICE_PER_TIB, TIB, TICKS_PER_MONTH, Fleet
+from lossspike.cost.grafana import grafana_cost
+from lossspike.cost.ingestion import ingestion
+from lossspike.cost.parts import DEFAULT_RATIO_TARGET, SEED_RATIO_TARGET, floor_bytes, monitoring_monthly
 from lossspike.sql.dialects import Query
 
 # --- the estimate ----------------------------------------------------------------------------------
@@ -53,7 +43,7 @@ def estimate(fleet: Fleet, day: datetime | None = None) -> dict[str, Any]:
         "ticks_per_month": TICKS_PER_MONTH,
         "floor_bytes": round(floor_bytes(fleet)),
         # The bytes of a new row in the floor: the contract's columns the shape has, plus those that
-        # pick the rows that count (cost_model.PICK_COLUMNS).
+        # pick the rows that count (lossspike.cost.fleet.PICK_COLUMNS).
         "floor_row_bytes": fleet.floor_row_bytes,
         # SPEC "Cost": 1.15x with the seed rule alone, 1.3x with the detectors and checks.
         "ratio_target": SEED_RATIO_TARGET if not fleet.detectors and not fleet.checks else DEFAULT_RATIO_TARGET,

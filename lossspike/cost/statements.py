@@ -1,5 +1,5 @@
 """Pricing the SQL a real tick sends: the jobs the store's own SQL builders make (`tick_statements`),
-parsed with sqlglot and priced per table with the billing model of lossspike.cost.model.
+parsed with sqlglot and priced per table with the billing model of lossspike.cost.fleet and lossspike.cost.parts.
 
 Two ways to price, one billing model. `lossspike cost` (lossspike.cost.report) is plain
 arithmetic over a Fleet, so a user's install runs it without the test extras.
@@ -15,19 +15,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lossspike.base.schema import ALERT_COLUMNS
-from lossspike.cost.model import (
+from lossspike.cost.fleet import (
     ALERT_BYTES,
     OVERRIDE_ROW_BYTES,
     OVERRIDE_ROWS,
     ROLE_ROWS,
     ROLLUP_BYTES,
     Fleet,
-    Part,
-    at_least_minimum,
-    mib_text,
     role_bytes,
-    scanned_minutes,
 )
+from lossspike.cost.parts import Part, at_least_minimum, mib_text, scanned_minutes
 from lossspike.sql.dialects import Query
 
 # Where `price_statement` finds the tables a tick names; only the names differ between deployments.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lossspike.cost.model import PRICE_PER_TIB, TIB
+from lossspike.cost.fleet import PRICE_PER_TIB, TIB
 from lossspike.ingest.load import APPEND_ROWS, LoadError, first_line
 
 
