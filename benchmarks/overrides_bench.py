@@ -24,7 +24,8 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
-from lossspike.config.overrides import OverrideRow, escape_like, run_policies
+from lossspike.config.override_patterns import escape_like
+from lossspike.config.overrides import OverrideRow, run_policies
 from lossspike.rules.rule import Thresholds
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -63,7 +63,8 @@ def load(files: list[Path], database: Path) -> tuple[dict[str, dict[str, float]]
     the execution_uid `STEM-attempt-N`.
     """
     sys.path.insert(0, str(REPO))
-    from lossspike.config.overrides import OverrideRow, overrides_table_name, write_duckdb
+    from lossspike.config.override_tables import overrides_table_name, write_duckdb
+    from lossspike.config.overrides import OverrideRow
     from lossspike.config.settings import Settings
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}

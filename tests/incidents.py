@@ -18,7 +18,8 @@ from hypothesis import event
 from hypothesis import strategies as st
 from oracle import Sample
 
-from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow, write_duckdb
+from lossspike.config.override_tables import write_duckdb
+from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate
 

@@ -404,7 +404,7 @@ def test_two_variants_share_one_query_and_differ_only_by_rule(demo_db):
     with Counting(demo_db, read_only=True) as store:
         strict_result, loose_result = backtest(store, seed_settings(), ticks, [base, loose], detail=True)
         # One query for the telemetry, however many variants (the override rows are read apart,
-        # by lossspike.config.overrides.read_duckdb).
+        # by lossspike.config.override_tables.read_duckdb).
         buckets = [q for q in calls if "loss_base" in q.sql]
         assert len(buckets) == 1 and len(calls) == 1
         assert buckets[0].params["rows_start"] == ticks[0] - timedelta(minutes=90)

@@ -16,7 +16,8 @@ from oracle import Sample, assert_rows_match, expected
 from strategies import fleets, selections, thresholds
 
 from lossspike.base.schema import ALERT_COLUMNS, SHAPES
-from lossspike.config.overrides import OVERRIDES_SCHEMA, overrides_select
+from lossspike.config.override_tables import overrides_select
+from lossspike.config.overrides import OVERRIDES_SCHEMA
 from lossspike.cost.report import actual_query
 from lossspike.evaluation.evaluate import evaluate
 from lossspike.rules.rule import Thresholds

@@ -712,7 +712,8 @@ SILENCE_UNTIL = "TIMESTAMPTZ '2026-11-30 13:00:00+00'"
 def _overrides_db(path: Path, types: dict[str, str] | None = None, rows: list[dict[str, str]] = ()) -> Path:
     """The fleet plus an overrides table made by hand: `types` replace the schema's DuckDB types
     (no NOT NULL, as a careless CREATE TABLE leaves it), `rows` are SQL expressions per column."""
-    from lossspike.config.overrides import OVERRIDES_SCHEMA, overrides_table_ddl
+    from lossspike.config.override_tables import overrides_table_ddl
+    from lossspike.config.overrides import OVERRIDES_SCHEMA
 
     write_database(path, fleet())
     with duckdb.connect(str(path)) as connection:

@@ -17,13 +17,12 @@ from hypothesis import strategies as st
 from oracle import Sample
 from test_cli import NOW_TEXT, lossspike
 
+from lossspike.config.override_patterns import escape_like, like
 from lossspike.config.overrides import (
     LOSS_SCOPE,
     THRESHOLD_COLUMNS,
     OverrideRow,
-    escape_like,
     in_force,
-    like,
     resolve,
     rows_from_arrow,
     run_policies,
@@ -341,7 +340,7 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
     from servers import bigquery as bqserver
 
     from lossspike import cli as cli_module
-    from lossspike.config import overrides
+    from lossspike.config import override_tables
     from lossspike.config.overrides import OVERRIDES_SCHEMA
     from lossspike.config.settings import load_settings
     from lossspike.stores.bigquery import BigQueryStore
@@ -370,7 +369,9 @@ def test_bigquery_write_list_and_resolve(emulator, monkeypatch, capsys):
         "LOSSSPIKE_ALERTS_TABLE": alerts,
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(overrides, "bigquery_session", lambda p, loc: (bqserver.make_client(emulator, project), None))
+    monkeypatch.setattr(
+        override_tables, "bigquery_session", lambda p, loc: (bqserver.make_client(emulator, project), None)
+    )
 
     def run(*args: str) -> str:
         assert cli_module.main([*args, "--now", NOW_TEXT]) == 0, capsys.readouterr().err

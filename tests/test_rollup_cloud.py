@@ -250,7 +250,8 @@ def test_a_telemetry_column_of_the_wrong_type_is_refused_in_one_line(emulator):
 def test_the_tick_reads_override_rows_in_its_statement_only_after_they_change(emulator, endpoint):
     from google.cloud import bigquery
 
-    from lossspike.config.overrides import OVERRIDES_SCHEMA, OverrideRow, write_bigquery
+    from lossspike.config.override_tables import write_bigquery
+    from lossspike.config.overrides import OVERRIDES_SCHEMA, OverrideRow
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     table = deployment.settings.alerts_table.rsplit(".", 1)[0] + ".loss_spike_overrides"
@@ -369,7 +370,8 @@ def _spiking(deployment: Deployment, tick: datetime) -> None:
 
 @pytest.mark.parametrize("read", ["raw", "rollup"])
 def test_a_row_written_after_a_ticks_time_but_before_its_read_counts_from_the_next_tick(emulator, read):
-    from lossspike.config.overrides import OverrideRow, write_bigquery
+    from lossspike.config.override_tables import write_bigquery
+    from lossspike.config.overrides import OverrideRow
 
     deployment = Deployment(emulator, Selection(), Thresholds(), since=START)
     table = _overrides_table(deployment)

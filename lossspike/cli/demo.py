@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from lossspike.base.errors import StoreError
 from lossspike.base.schema import TELEMETRY_ARROW_SCHEMA, TELEMETRY_COLUMNS, telemetry_table_ddl
-from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow, escape_like, write_duckdb
+from lossspike.config.override_patterns import escape_like
+from lossspike.config.override_tables import write_duckdb
+from lossspike.config.overrides import OVERRIDES_TABLE, OverrideRow
 from lossspike.sql.dialects import DUCKDB, quote_table
 
 # 90 minutes covers the hour-long baseline with room for a run that started late.

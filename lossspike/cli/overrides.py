@@ -89,7 +89,7 @@ class _OverrideTable:
     """The overrides table on the configured backend: insert a row, read the rows, list watched runs."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from lossspike.config.overrides import overrides_table_name
+        from lossspike.config.override_tables import overrides_table_name
 
         # The environment's settings only: an override's own threshold flags are the row, not the base.
         where = {"database": args.database, "backend": "duckdb" if args.database else None}
@@ -99,10 +99,12 @@ class _OverrideTable:
         self.account: str | None = None
         if self.settings.backend == "bigquery":
             from lossspike.base.errors import StoreError
-            from lossspike.config import overrides
+            from lossspike.config import override_tables
 
             try:
-                self.client, self.account = overrides.bigquery_session(self.settings.project, self.settings.location)
+                self.client, self.account = override_tables.bigquery_session(
+                    self.settings.project, self.settings.location
+                )
             except Exception as error:  # noqa: BLE001 - missing credentials or extras: one line, not a traceback
                 reason = " ".join(str(error).split()) or type(error).__name__
                 raise StoreError(f"cannot open BigQuery: {reason}") from None
@@ -117,18 +119,18 @@ class _OverrideTable:
         return self.table if self.client is not None else f"{self.table} in {self.settings.database}"
 
     def created_by(self) -> str:
-        from lossspike.config.overrides import os_user
+        from lossspike.config.override_tables import os_user
 
         return self.account or os_user()
 
     def insert(self, row: Any) -> None:
         from lossspike.base.errors import StoreError
-        from lossspike.config import overrides
+        from lossspike.config import override_tables
 
         if self.client is None:
             try:
                 with self._duckdb(read_only=False) as store:
-                    overrides.write_duckdb(store.connection, self.table, row)
+                    override_tables.write_duckdb(store.connection, self.table, row)
             except StoreError as error:
                 if "lock" not in str(error).lower():
                     raise
@@ -140,7 +142,7 @@ class _OverrideTable:
                 ) from None
             return
         try:
-            overrides.write_bigquery(self.client, self.table, row, self.settings.location)
+            override_tables.write_bigquery(self.client, self.table, row, self.settings.location)
         except Exception as error:  # noqa: BLE001 - any client failure is one line for the user
             raise StoreError(f"writing {self.table} failed: {' '.join(str(error).split())}") from None
 
@@ -166,7 +168,8 @@ class _OverrideTable:
 
 
 def _override_row(args: argparse.Namespace, table: _OverrideTable, now: datetime, **values: Any) -> Any:
-    from lossspike.config.overrides import LOSS_SCOPE, UNKNOWN_CLUSTER, OverrideRow, escape_like
+    from lossspike.config.override_patterns import escape_like
+    from lossspike.config.overrides import LOSS_SCOPE, UNKNOWN_CLUSTER, OverrideRow
     from lossspike.rules.checks import CHECK_REASONS
 
     if not args.run.strip():

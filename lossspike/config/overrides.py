@@ -7,7 +7,8 @@ which run is decided here, in Python, by `resolve`: the same function serves the
 tick on either backend and the backtest at every replayed minute.
 
 `overrides_schema.json` is the table's one definition: DuckDB's DDL and
-BigQuery's parameter types come from it here, and Terraform reads the same file.
+BigQuery's parameter types come from it (lossspike.config.override_tables), and
+Terraform reads the same file.
 
 Rows are written by people, so reading never trusts them: every column is read
 as its schema type or as NULL plus its name in UNREADABLE, and a row the product
@@ -16,23 +17,20 @@ threshold the settings refuse) carries a `problem`. Such a row fails toward
 paging: the runs it could match are judged with no silence in force, with
 thresholds from the usable rows, and the tick reports it (SPEC.md).
 
-One module, over 600 lines, because it is one table's whole meaning: its schema
-and how a row is read, which row wins (matching and resolution), and its writes
-on either backend. The three sections share OverrideRow and the per-column
-problems, and a row's `problem` decides its resolution, so apart they would be
-one concept read in three places.
+This module owns the table's meaning: its schema and how a row is read, and
+which row wins (matching and resolution), which share OverrideRow and a row's
+`problem`. The LIKE patterns and their index are lossspike.config.override_patterns';
+the table's statements and its reads and writes on either backend are
+lossspike.config.override_tables'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,9 +38,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from lossspike.config.override_patterns import PatternIndex, dangling_escape, like
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import RunPolicy, Thresholds, threshold_problems
-from lossspike.sql.dialects import Dialect, quote_table, validate_table
 
 OVERRIDES_TABLE = "loss_spike_overrides"
 # The JSON sits at the package root, where Terraform and the function source read it too.
@@ -86,8 +84,6 @@ REASON_SCOPES = (LOSS_SCOPE, *CHECK_REASONS)
 RESOLVED_COLUMNS = (*THRESHOLD_COLUMNS, "silenced_until", "finished", "note")
 # The cluster of a row written for an empty or NULL cluster, as enrollment normalises it.
 UNKNOWN_CLUSTER = "unknown"
-# Shown on the command line's jobs, for cost attribution like the tick's own jobs.
-JOB_LABELS = {"app": "lossspike", "component": "overrides"}
 # The result column naming, per row, the columns whose stored value could not be read
 # as the schema's type (NULL in the row then): a wrong column type, a time out of range.
 UNREADABLE = "unreadable_columns"
@@ -95,47 +91,6 @@ UNREADABLE = "unreadable_columns"
 MAX_ROWS_NAMED = 3
 # BigQuery's INT64 and DuckDB's BIGINT hold at most this; a larger value cannot be written.
 MAX_INTEGER = 2**63 - 1
-# The instants both engines and Python's datetime can all hold: [year 1, year 10000).
-_FIRST_INSTANT = "0001-01-01 00:00:00+00"
-_END_INSTANT = "10000-01-01 00:00:00+00"
-
-_DUCKDB_TYPES = {
-    "STRING": "VARCHAR",
-    "FLOAT": "DOUBLE",
-    "INTEGER": "BIGINT",
-    "TIMESTAMP": "TIMESTAMPTZ",
-    "BOOLEAN": "BOOLEAN",
-}
-# The stored column types read as each schema type without loss or a time zone's say, by
-# backend: DuckDB's information_schema.columns.data_type names (its FLOAT is a 4-byte REAL);
-# BigQuery's TableFieldSchema.type, legacy and standard spellings
-# (https://cloud.google.com/bigquery/docs/reference/rest/v2/tables#TableFieldSchema.FIELDS.type).
-_ACCEPTED_TYPES = {
-    "duckdb": {
-        "STRING": ("VARCHAR",),
-        "FLOAT": ("DOUBLE", "FLOAT"),
-        "INTEGER": ("BIGINT", "INTEGER", "SMALLINT", "TINYINT"),
-        "TIMESTAMP": ("TIMESTAMP WITH TIME ZONE",),
-        "BOOLEAN": ("BOOLEAN",),
-    },
-    "bigquery": {
-        "STRING": ("STRING",),
-        "FLOAT": ("FLOAT", "FLOAT64"),
-        "INTEGER": ("INTEGER", "INT64"),
-        "TIMESTAMP": ("TIMESTAMP",),
-        "BOOLEAN": ("BOOLEAN", "BOOL"),
-    },
-}
-_CAST_TYPES = {
-    "duckdb": _DUCKDB_TYPES,
-    "bigquery": {
-        "STRING": "STRING",
-        "FLOAT": "FLOAT64",
-        "INTEGER": "INT64",
-        "TIMESTAMP": "TIMESTAMP",
-        "BOOLEAN": "BOOL",
-    },
-}
 # The Python values a read column of each schema type may hold (bool is no number here).
 _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
     "STRING": (str,),
@@ -143,14 +98,6 @@ _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
     "INTEGER": (int,),
     "TIMESTAMP": (datetime,),
     "BOOLEAN": (bool,),
-}
-# BigQuery's query-parameter type names for the schema's (legacy) column type names.
-_PARAMETER_TYPES = {
-    "STRING": "STRING",
-    "FLOAT": "FLOAT64",
-    "INTEGER": "INT64",
-    "TIMESTAMP": "TIMESTAMP",
-    "BOOLEAN": "BOOL",
 }
 
 
@@ -197,81 +144,6 @@ class OverrideRow:
     def values(self) -> dict[str, Any]:
         """The row as column -> value, in the table's column order."""
         return {name: getattr(self, name) for name in OVERRIDE_COLUMNS}
-
-
-def overrides_table_name(alerts_table: str) -> str:
-    """The overrides table beside the alerts table: same BigQuery dataset, same DuckDB schema."""
-    parent, _, _ = validate_table(alerts_table).rpartition(".")
-    return f"{parent}.{OVERRIDES_TABLE}" if parent else OVERRIDES_TABLE
-
-
-def overrides_table_ddl(table: str) -> str:
-    """CREATE TABLE for the overrides in DuckDB; `table` must be pre-quoted."""
-    columns = ",\n  ".join(
-        f'"{c["name"]}" {_DUCKDB_TYPES[c["type"]]}{" NOT NULL" if c["mode"] == "REQUIRED" else ""}'
-        for c in OVERRIDES_SCHEMA
-    )
-    return f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns}\n)"
-
-
-def _column_read(dialect: Dialect, column: dict[str, str], stored: str | None) -> tuple[str, str | None, str | None]:
-    """(the expression reading one schema column, the condition under which its stored value is
-    unreadable, the column's type problem) for a column stored as `stored` (None: missing)."""
-    name, kind = column["name"], column["type"]
-    null = f"CAST(NULL AS {_CAST_TYPES[dialect.name][kind]})"
-    if stored is None:
-        if column["mode"] == "REQUIRED":
-            return null, "TRUE", f"column {name!r} is missing"
-        return null, None, None  # a table made before the column existed: NULL in its rows
-    accepted = _ACCEPTED_TYPES[dialect.name][kind]
-    if stored.strip().upper() not in accepted:
-        fix = _type_fix(dialect, name, kind, stored.strip().upper())
-        problem = f"column {name!r} is {stored}, not {' or '.join(accepted)}; {fix}"
-        return null, f"{name} IS NOT NULL", problem
-    if kind == "TIMESTAMP" and dialect.name == "duckdb":
-        # DuckDB holds infinity and years before 1 or after 9999, which no reader can use.
-        in_range = f"{name} >= TIMESTAMPTZ '{_FIRST_INSTANT}' AND {name} < TIMESTAMPTZ '{_END_INSTANT}'"
-        return f"CASE WHEN {in_range} THEN {name} END", f"{name} IS NOT NULL AND NOT ({in_range})", None
-    return name, None, None
-
-
-def _type_fix(dialect: Dialect, name: str, kind: str, stored: str) -> str:
-    want = _CAST_TYPES[dialect.name][kind]
-    if dialect.name == "duckdb":
-        # A zone-less time says nothing of its zone: the fix names the one it must have been written in.
-        using = f" USING {name} AT TIME ZONE 'UTC' (if it holds UTC)" if stored == "TIMESTAMP" else ""
-        return f"fix: ALTER TABLE {OVERRIDES_TABLE} ALTER {name} SET DATA TYPE {want}{using}"
-    return f"fix: store it as {want} (lossspike/overrides_schema.json; Terraform creates the table from it)"
-
-
-def overrides_select(dialect: Dialect, table: str, stored: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """(a SELECT of every row of the overrides table, the problems of its column types).
-
-    `stored` maps the table's column names to their stored types (the backend's
-    spelling). Each schema column is read as its schema type: a missing column
-    as NULL; a column of another type, or a DuckDB time no reader can hold, as
-    NULL with its name listed in the row's UNREADABLE column. Every row is read:
-    which count at `now` is decided in Python, so the rows read serve any later tick.
-    """
-    expressions, conditions, problems = [], [], {}
-    present = {name.lower(): kind for name, kind in stored.items()}
-    for column in OVERRIDES_SCHEMA:
-        expression, unreadable, problem = _column_read(dialect, column, present.get(column["name"]))
-        expressions.append(f"{expression} AS {column['name']}")
-        if unreadable:
-            conditions.append(f"CASE WHEN {unreadable} THEN '{column['name']} ' ELSE '' END")
-        if problem:
-            problems[column["name"]] = problem
-    expressions.append(f"{' || '.join(conditions) or repr('')} AS {UNREADABLE}")
-    listed = ",\n  ".join(expressions)
-    return f"SELECT\n  {listed}\nFROM {quote_table(dialect, table)}", problems
-
-
-def insert_sql(dialect: Dialect, table: str) -> str:
-    """INSERT of one override row, every value a named parameter."""
-    columns = ", ".join(OVERRIDE_COLUMNS)
-    values = ", ".join(dialect.param.format(name) for name in OVERRIDE_COLUMNS)
-    return f"INSERT INTO {quote_table(dialect, table)} ({columns}) VALUES ({values})"
 
 
 def _utc(moment: datetime) -> datetime | None:
@@ -322,57 +194,6 @@ def rows_from_arrow(table: pa.Table, column_problems: dict[str, str] | None = No
 
 
 # --- matching and resolution -------------------------------------------------
-
-
-def escape_like(name: str) -> str:
-    """A run name as a LIKE pattern that matches exactly that name."""
-    return name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-_SPECIAL = re.compile(r"[%_\\]")
-
-
-def _tokens(pattern: str) -> list[str]:
-    """The pattern as literal runs of text and the wildcards '%' and '_' (as themselves)."""
-    if not _SPECIAL.search(pattern):
-        return [pattern] if pattern else []  # the common case: a run's literal name
-    tokens: list[str] = []
-    literal: list[str] = []
-    chars = iter(pattern)
-    for ch in chars:
-        if ch in "%_":
-            if literal:
-                tokens.append("".join(literal))
-                literal = []
-            tokens.append(ch)
-        else:
-            # A backslash makes the next character literal; a trailing one stands for itself
-            # (such a pattern is refused on reading: GoogleSQL refuses it too).
-            literal.append(next(chars, "\\") if ch == "\\" else ch)
-    if literal:
-        tokens.append("".join(literal))
-    return tokens
-
-
-def dangling_escape(pattern: str) -> bool:
-    """True when the pattern ends with an unescaped backslash, which GoogleSQL's LIKE refuses
-    ("LIKE pattern ends with a backslash": google/zetasql, zetasql/public/functions/like.cc)."""
-    trailing = len(pattern) - len(pattern.rstrip("\\"))
-    return trailing % 2 == 1
-
-
-_WILDCARD_REGEX = {"%": ".*", "_": "."}
-
-
-@lru_cache(maxsize=1 << 16)
-def _like_regex(pattern: str) -> re.Pattern[str]:
-    parts = [_WILDCARD_REGEX.get(t) if t in _WILDCARD_REGEX else re.escape(t) for t in _tokens(pattern)]
-    return re.compile("".join(p for p in parts if p is not None), re.DOTALL)
-
-
-def like(pattern: str, text: str) -> bool:
-    """SQL LIKE with `\\` as the escape character: % any run of characters, _ exactly one."""
-    return _like_regex(pattern).fullmatch(text) is not None
 
 
 def _row_cluster(row: OverrideRow) -> str | None:
@@ -489,54 +310,6 @@ def resolve(
     return _policy(candidates, now, base, lambda r: row_problem(r, base))
 
 
-class PatternIndex:
-    """The distinct run patterns of many rows, indexed so that a run is tried against few.
-
-    A pattern without wildcards is looked up whole; any other is filed under a
-    literal part every match must contain (its prefix, else its suffix, else its
-    longest inner literal) and tried only on runs that contain that part, so the
-    cost per run grows with the run ID's length, not with the number of patterns.
-    """
-
-    def __init__(self, patterns: Iterable[str]) -> None:
-        self.exact: dict[str, list[str]] = {}
-        self.prefix: dict[str, list[str]] = {}
-        self.suffix: dict[str, list[str]] = {}
-        self.inner: dict[str, list[str]] = {}
-        self.anywhere: list[str] = []
-        for pattern in set(patterns):
-            tokens = _tokens(pattern)
-            literals = [t for t in tokens if t not in _WILDCARD_REGEX]
-            if len(literals) == len(tokens):
-                self.exact.setdefault("".join(literals), []).append(pattern)
-            elif tokens[0] not in _WILDCARD_REGEX:
-                self.prefix.setdefault(tokens[0], []).append(pattern)
-            elif tokens[-1] not in _WILDCARD_REGEX:
-                self.suffix.setdefault(tokens[-1], []).append(pattern)
-            elif literals:
-                self.inner.setdefault(max(literals, key=len), []).append(pattern)
-            else:
-                self.anywhere.append(pattern)
-        self._lengths = {name: sorted({len(k) for k in getattr(self, name)}) for name in ("prefix", "suffix", "inner")}
-
-    def matching(self, run: str) -> set[str]:
-        """The indexed patterns that match `run`."""
-        found = set(self.exact.get(run, ()))
-        candidates = list(self.anywhere)
-        size = len(run)
-        for length in self._lengths["prefix"]:
-            if length <= size:
-                candidates += self.prefix.get(run[:length], ())
-        for length in self._lengths["suffix"]:
-            if length <= size:
-                candidates += self.suffix.get(run[size - length :], ())
-        for length in self._lengths["inner"]:
-            for start in range(size - length + 1):
-                candidates += self.inner.get(run[start : start + length], ())
-        found.update(p for p in set(candidates) if like(p, run))
-        return found
-
-
 def run_policies(
     runs: Iterable[tuple[str, str]],
     rows: Sequence[OverrideRow],
@@ -625,102 +398,3 @@ def in_force(rows: Iterable[OverrideRow], now: datetime) -> list[OverrideRow]:
             winners.add(id(row))
         kept.extend(r for r in group if id(r) in winners)
     return sorted(kept, key=_precedence, reverse=True)
-
-
-# --- writing and reading on either backend -----------------------------------
-
-
-def os_user() -> str:
-    """The local account name, the writer's identity where the backend knows none."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return "unknown"
-
-
-def google_account(credentials: Any) -> str | None:
-    """The e-mail address the credentials act as, when they carry one.
-
-    Service-account and impersonated credentials expose `service_account_email`,
-    end-user credentials `account` (google-auth: google/oauth2/credentials.py,
-    google/oauth2/service_account.py). The metadata server's credentials say
-    "default" until refreshed, which is no address.
-    """
-    for attribute in ("service_account_email", "account"):
-        value = getattr(credentials, attribute, None)
-        if isinstance(value, str) and "@" in value:
-            return value
-    return None
-
-
-def bigquery_session(project: str, location: str) -> tuple[Any, str | None]:
-    """A BigQuery client on Application Default Credentials, and the account they name (or None)."""
-    import google.auth
-    from google.cloud import bigquery
-
-    credentials, default_project = google.auth.default()
-    client = bigquery.Client(project=project or default_project, credentials=credentials, location=location)
-    return client, google_account(credentials)
-
-
-def bigquery_parameters(values: dict[str, Any]) -> list[Any]:
-    """The row's values as typed BigQuery query parameters (NULLs keep their column's type)."""
-    from google.cloud import bigquery
-
-    kinds = {c["name"]: _PARAMETER_TYPES[c["type"]] for c in OVERRIDES_SCHEMA}
-    return [bigquery.ScalarQueryParameter(name, kinds[name], value) for name, value in values.items()]
-
-
-def duckdb_columns(connection: Any, table: str) -> dict[str, str]:
-    """The DuckDB table's column names and types; empty when it does not exist (no overrides)."""
-    schema, _, name = validate_table(table).rpartition(".")
-    found = connection.execute(
-        "SELECT column_name, data_type FROM information_schema.columns"
-        " WHERE table_name = $name AND ($schema = '' OR table_schema = $schema)",
-        {"name": name, "schema": schema},
-    ).fetchall()
-    return dict(found)
-
-
-def read_duckdb(connection: Any, table: str) -> list[OverrideRow]:
-    """Every row of the DuckDB overrides table (none without the table), unusable ones marked."""
-    from lossspike.sql.dialects import DUCKDB
-
-    stored = duckdb_columns(connection, table)
-    if not stored:
-        return []
-    sql, problems = overrides_select(DUCKDB, table, stored)
-    return rows_from_arrow(connection.sql(sql).to_arrow_table(), problems)
-
-
-def write_duckdb(connection: Any, table: str, row: OverrideRow) -> None:
-    """Insert one row, creating the table on first use and adding columns an older table lacks.
-
-    A table whose columns have the wrong types is refused: a row written there
-    could not be read back as written.
-    """
-    from lossspike.base.errors import StoreError
-    from lossspike.sql.dialects import DUCKDB
-
-    quoted = quote_table(DUCKDB, table)
-    connection.execute(overrides_table_ddl(quoted))
-    stored = duckdb_columns(connection, table)
-    for column in OVERRIDES_SCHEMA:
-        if column["name"] not in stored and column["mode"] == "NULLABLE":
-            kind = _DUCKDB_TYPES[column["type"]]
-            connection.execute(f'ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS "{column["name"]}" {kind}')
-            stored[column["name"]] = kind
-    _, problems = overrides_select(DUCKDB, table, stored)
-    if problems:
-        raise StoreError(f"cannot write to {table}: {'; '.join(problems.values())}")
-    connection.execute(insert_sql(DUCKDB, table), row.values())
-
-
-def write_bigquery(client: Any, table: str, row: OverrideRow, location: str) -> None:
-    """Insert one row with a DML INSERT: a job, not the streaming API, so it is readable at once."""
-    from google.cloud import bigquery
-
-    from lossspike.sql.dialects import BIGQUERY
-
-    config = bigquery.QueryJobConfig(query_parameters=bigquery_parameters(row.values()), labels=JOB_LABELS)
-    client.query(insert_sql(BIGQUERY, table), job_config=config, location=location).result()

@@ -14,7 +14,7 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
-from lossspike.config.overrides import dangling_escape
+from lossspike.config.override_patterns import dangling_escape
 from lossspike.rules.checks import CHECK_REASONS
 from lossspike.rules.rule import (
     ATTEMPTS,

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from lossspike.base.deadline import Deadline
+from lossspike.config.override_tables import overrides_table_name
 from lossspike.config.overrides import (
     LOSS_SCOPE,
     OverrideRow,
-    overrides_table_name,
     run_policies,
     unusable_rows,
     unusable_summary,

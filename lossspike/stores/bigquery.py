@@ -34,12 +34,11 @@ from lossspike.base.schema import (
     telemetry_shape,
     telemetry_type_problem,
 )
+from lossspike.config.override_tables import overrides_select, overrides_table_name
 from lossspike.config.overrides import (
     OVERRIDES_SCHEMA,
     UNREADABLE,
     OverrideRow,
-    overrides_select,
-    overrides_table_name,
     rows_from_arrow,
 )
 from lossspike.config.settings import Settings

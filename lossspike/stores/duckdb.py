@@ -25,7 +25,8 @@ from lossspike.base.schema import (
     telemetry_shape,
     telemetry_type_problem,
 )
-from lossspike.config.overrides import OverrideRow, overrides_table_name, read_duckdb
+from lossspike.config.override_tables import overrides_table_name, read_duckdb
+from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
 from lossspike.sql.dialects import DUCKDB, Query, quote_table
 from lossspike.sql.tick import TickWindows, tick_read_query
