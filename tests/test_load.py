@@ -288,7 +288,8 @@ def _real_curves() -> Path | None:
 def test_every_real_curves_file_loads_through_the_csv_path(tmp_path):
     import csv
 
-    from lossspike.ingest.load import DuckDBTarget, load_history
+    from lossspike.ingest.load import load_history
+    from lossspike.ingest.write import DuckDBTarget
 
     folder = _real_curves()
     if folder is None:

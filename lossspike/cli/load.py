@@ -49,7 +49,8 @@ def add_parsers(commands: Any) -> None:
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
-    from lossspike.ingest.load import DuckDBTarget, Progress, describe, load_history
+    from lossspike.ingest.load import Progress, describe, load_history
+    from lossspike.ingest.write import DuckDBTarget
 
     if not args.sources and not args.attempt:
         raise ConfigError("load: give at least one SOURCE (a file or directory) or --attempt SOURCE")

@@ -17,7 +17,10 @@ from typing import Any
 import pyarrow as pa
 
 from lossspike.cost.fleet import PRICE_PER_TIB, TIB
-from lossspike.ingest.load import APPEND_ROWS, LoadError, first_line
+from lossspike.ingest.base import LoadError, first_line
+
+# Rows per BigQuery append: ~100 B a row makes ~5 MB, under the Storage Write API's 10 MB request cap.
+APPEND_ROWS = 50_000
 
 
 class BigQueryTarget:
