@@ -40,8 +40,10 @@ def _backtest_error() -> type[Exception]:
 
 
 def _load_error() -> type[Exception]:
-    """The load's error class, imported only while an error is being matched (it imports pyarrow)."""
-    from lossspike.ingest.load import LoadError
+    """The load's error class, imported only while an error is being matched (it imports pyarrow).
+
+    From its own module, not the load's: matching an error need not import the whole loader."""
+    from lossspike.ingest.base import LoadError
 
     return LoadError
 
