@@ -21,6 +21,7 @@ LOSS_KEY = "train/loss"
 # The step column is BIGINT / INT64: a step outside this range is dropped (the row is written with NULL).
 STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
 
+# Every character a table name may not hold (SPEC "Publishing telemetry"), as metric_name replaces them.
 _NOT_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 # The columns a sink receives, in order: the contract's eight, then process_index and step.
