@@ -27,6 +27,12 @@ LONG_SCHEMA = pa.schema(
 )
 
 
+# The key a reader gives a row that says how its attempt ended (value 2.0: finished on purpose, as
+# Levanter's FINISHED phase); the load writes it under the selection's phase metric. A key no
+# logged metric can have: metric keys never start with a NUL.
+PHASE_KEY = "\x00phase"
+
+
 class LoadError(Exception):
     """A source or target the load refuses: one line naming the file and the fix; nothing written."""
 
