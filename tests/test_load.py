@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -453,13 +454,16 @@ def test_wandb_offline_runs_with_a_resume_load_as_attempts_and_backtest_as_the_s
     assert result.returncode == 0, result.stderr
     assert all(name in result.stdout for name in names)
     assert "train_loss -> the loss rule" in result.stdout and "grad_norm_total -> the grad_norm check" in result.stdout
-    with duckdb.connect(str(database)) as connection:
+    # The loss alone, in a copy: the reload below must find every row it loaded still there.
+    losses = tmp_path / "losses.duckdb"
+    shutil.copyfile(database, losses)
+    with duckdb.connect(str(losses)) as connection:
         connection.execute("DELETE FROM telemetry WHERE name <> 'train_loss'")
-    assert backtest(database) == backtest(reference)
+    assert backtest(losses) == backtest(reference)
     # The whole wandb folder finds the same two runs (not latest-run again), and adds nothing.
     again = lossspike("load", str(directory / "wandb"), "--run", RUN, "--database", str(database))
     assert again.returncode == 0, again.stderr
-    assert "0 rows written" in again.stdout
+    assert f"{RUN}: 0 rows written" in again.stdout
 
 
 # The .wandb framing, as wandb's datastore (wandb/sdk/internal/datastore.py) writes it: a 7-byte
