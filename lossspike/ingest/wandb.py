@@ -5,7 +5,8 @@ undoes the framing and the installed wandb's `wandb.proto.wandb_internal_pb2.Rec
 record, one code path for every release from 0.19 on. wandb's own reader
 (`wandb.sdk.internal.datastore.DataStore`) is not used: it left the package in 0.30 (so using it
 meant pinning the team's wandb below 0.30), it opens the run file for writing (a read-only copy
-fails), and it silently ends at a record cut between two of its fragments (dropping the record).
+fails), and it silently ends wherever a record stops after a first or middle fragment, even where
+no writer ends one (inside a block: a torn file).
 
 The framing, as wandb 0.29's `wandb/sdk/internal/datastore.py` writes and reads it (and wandb-core,
 which writes the files since 0.18, in core/pkg/leveldb/record.go and core/pkg/server/store.go of
@@ -16,9 +17,14 @@ uint32 LE; data length, uint16 LE; type: 1 FULL, 2 FIRST, 3 MIDDLE, 4 LAST) and 
 crossing the block's end; a block's last 1 to 6 bytes, too few for a header, are zeros. A record
 is one FULL fragment or FIRST, MIDDLE..., LAST.
 
-Where a file may end: after a whole record (or in the zeros after it) is a run still being written
-or killed between records: loaded. Anywhere else (inside a header or a fragment's data, or between
-two fragments of one record, even at a block's end) is a cut or torn record: refused, naming it.
+Where a file may end. After a whole record (or in the zeros after it): a run still being written,
+loaded. At a block's end inside a record (after its FIRST or a MIDDLE fragment, which both writers
+end at their block's end): what wandb-core leaves of a killed run, loaded without that record.
+wandb-core writes a block only when it fills (record.go's Writer) or at a flush: killed runs written
+by wandb 0.29 and 0.31 (tests/wandb_runs.py) end at a block's end, most of them inside a record; a
+run killed before its first block fills leaves only the file header. Anywhere else (inside a
+fragment's header or data, after a first or middle fragment that does not fill its block) is a torn
+record: refused, naming it and its byte offset.
 
 A `history` record is one `run.log()` call, its items the logged keys (`key`, or `nested_key` for a
 nested dict) with JSON values, plus `_step`, `_timestamp` (epoch seconds, the time of the log call)
@@ -243,7 +249,7 @@ def _records(path: Path, stream: BinaryIO, block: bytes) -> Iterator[tuple[int, 
             pending += data
             if len(pending) > MAX_RECORD_BYTES:
                 raise fail(
-                    f"is over {MAX_RECORD_BYTES // 2**20} MiB, more than a W&B record holds: the file is"
+                    f"is over {MAX_RECORD_BYTES:,} bytes, more than a W&B record holds: the file is"
                     " corrupt; copy the run again, or leave this file out",
                     here,
                 )
