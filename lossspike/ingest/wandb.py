@@ -63,8 +63,8 @@ FRAGMENT_HEADER = struct.Struct("<IHB")
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 # The checksum's seed per type byte: the CRC covers the type byte, then the data.
 TYPE_CRC = [zlib.crc32(bytes((kind,))) for kind in range(256)]
-# The most one record may take in memory: a bound for a hostile or torn file; a run's history row
-# is far smaller (records of several MB are media, which wandb writes to files of their own).
+# The most one record may take in memory, whatever length a torn or hostile file's fragments add
+# up to; the records of the runs we wrote (a history row of an 80 kB string included) are far smaller.
 MAX_RECORD_BYTES = 256 * 2**20
 # The phase value of a run that ended on purpose: Levanter's FINISHED phase, as the publisher writes it.
 FINISHED = 2.0
@@ -146,8 +146,9 @@ def read_wandb(
 
 def read_records(path: Path) -> Iterator[tuple[int, int, bytes, int]]:
     """Each whole record's bytes in a .wandb file: (record number from 1, byte offset of its first
-    fragment, data, bytes read so far). Raises LoadError, naming the record, on anything but a
-    whole file or one that ends between two whole records."""
+    fragment, data, bytes read so far). Raises LoadError, naming the record and its byte, on anything
+    but a whole file, one that ends after a whole record, or one that ends at a block's end inside a
+    record (a killed run; that record is left out)."""
     try:
         stream = open(path, "rb")  # noqa: SIM115 - closed below, across the generator's life
     except OSError as error:
