@@ -670,3 +670,18 @@ def test_the_episodes_table_names_every_reason_an_episode_passed_through():
     table = report_table([Backtest(ticks, 1, Thresholds(), [history])], ["A"])
     [line] = [line for line in table.splitlines() if line.startswith("c1") and "hero-a" in line and "T" in line]
     assert line.split()[2] == "spiking+not_finite+stalled", table
+
+
+def test_a_range_with_no_data_says_which_range_the_table_holds(demo_db):
+    """Issue 44: a backtest over a range no watched run has loss in says where the table's loss is."""
+    far = lossspike(
+        "backtest", "--database", str(demo_db), "--start", "2025-01-01T00:00:00Z", "--end", "2025-01-01T03:00:00Z"
+    )
+    assert far.returncode == 0, far.stderr
+    assert "no run was watched in this range" in far.stdout
+    # The demo writes 09:00-12:00 of its --now's day (conftest's demo_db).
+    assert "holds them from 2026-11-30T09:00:00Z to 2026-11-30T11:59:50Z" in far.stderr, far.stderr
+    nobody = lossspike("backtest", "--database", str(demo_db), "--run-ids", "nope", "--format", "json")
+    assert nobody.returncode == 0, nobody.stderr
+    assert "holds no train_loss rows of a watched run (nope)" in nobody.stderr
+    json.loads(nobody.stdout)

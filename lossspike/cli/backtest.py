@@ -136,6 +136,8 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     store = open_store(settings, read_only=True)
     try:
         results = backtest(store, settings, ticks, variants, overrides=not args.ignore_overrides)
+        if not any(result.runs for result in results):
+            sys.stderr.write(_where_the_loss_is(store, settings, ticks) + "\n")
     finally:
         store.close()
     scored = [score_labels(result, labels) for result in results] if labels is not None else []
@@ -154,6 +156,30 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
             title = "labels" if len(scored) == 1 else f"labels, rule {name}"
             sys.stdout.write("\n" + labels_table(report, title))
     return 0
+
+
+def _where_the_loss_is(store: Any, settings: Settings, ticks: list[datetime]) -> str:
+    """The note for a range no watched run has loss in: the range the table holds it in, if any."""
+    from lossspike.base.times import format_rfc3339
+    from lossspike.sql.backtest import loss_span_query
+
+    selection = settings.selection
+    found = store.fetch(
+        loss_span_query(store.dialect, settings.telemetry_table, selection, shape=store.telemetry_shape())
+    ).to_pylist()
+    span = f"{format_rfc3339(ticks[0])} .. {format_rfc3339(ticks[-1])}"
+    if not found or not found[0]["runs"]:
+        watched = ", ".join(selection.run_ids) if selection.run_ids else f"pattern {selection.run_pattern!r}"
+        return (
+            f"note: {settings.telemetry_table} holds no {selection.metric} rows of a watched run ({watched}) at"
+            " any time: check the run IDs, --metric and --service"
+        )
+    first, last, runs = found[0]["first"], found[0]["last"], found[0]["runs"]
+    return (
+        f"note: no watched run has {selection.metric} rows in {span}; {settings.telemetry_table} holds them"
+        f" from {format_rfc3339(first)} to {format_rfc3339(last)} ({runs} run{'s' if runs != 1 else ''}):"
+        " give --start and --end inside that range"
+    )
 
 
 def _labels(path: str) -> list[Any]:

@@ -20,7 +20,7 @@ from lossspike.sql.bucket import (
     spread_checks,
 )
 from lossspike.sql.dialects import Dialect, Query, bound_query, instant
-from lossspike.sql.selection import Selection, attempt_filter, samples_cte
+from lossspike.sql.selection import Selection, attempt_filter, raw_rows, samples_cte
 
 
 def bucket_groups_query(
@@ -143,3 +143,16 @@ FROM samples
 WHERE is_loss AND cluster = {dialect.param.format("cluster")}
 ORDER BY timestamp"""
     return bound_query(dialect, sql, params)
+
+
+def loss_span_query(
+    dialect: Dialect, table: str, selection: Selection, *, shape: TelemetryShape = CONTRACT_SHAPE
+) -> Query:
+    """The first and last loss sample of the watched runs, and how many runs: what a backtest that
+    found nothing in its range points the user to. A scan of the whole table's loss rows, run only
+    then (on BigQuery it bills the columns it reads once)."""
+    params: dict[str, object] = {"metric": selection.metric}
+    where = f"name = {dialect.param.format('metric')} AND {attempt_filter(dialect, selection, params)}"
+    t = instant(dialect, shape)
+    columns = [f"MIN({t}) AS first", f"MAX({t}) AS last", "COUNT(DISTINCT run_id) AS runs"]
+    return bound_query(dialect, raw_rows(dialect, table, selection, params, columns, where, shape), params)
