@@ -1,7 +1,12 @@
-"""CSV files as record batches, read by pyarrow's streaming CSV reader with the column types fixed from the header."""
+"""CSV files as record batches, read by pyarrow's streaming CSV reader with the column types fixed from the header.
+
+The file is opened once (a FIFO can be read only once): the header line is read from pyarrow's own
+stream, bounded, and the rest of that stream goes to the CSV reader with the header's names.
+"""
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,42 +16,162 @@ from lossspike.ingest.base import LoadError, first_line
 from lossspike.ingest.columns import columns
 
 # CSV bytes parsed at once: pyarrow reads a few blocks ahead, so larger blocks cost memory, not speed.
+# It is also the longest line read: pyarrow refuses a row that straddles two blocks.
 CSV_BLOCK_BYTES = 1 << 20
+# The longest header line read: a W&B export with thousands of metrics has a header of a few 100 KB.
+CSV_HEADER_BYTES = 1 << 20
+# The most of a library's error message (which quotes the value at fault) an error line shows.
+ERROR_CHARS = 200
+# Header bytes read at a time from a regular file (which can seek back to the header's end).
+_HEADER_CHUNK = 1 << 16
+# pyarrow's error for a row longer than its block (arrow/util/delimiting.cc: "straddling object").
+_STRADDLE = "straddl"
 
 
 def csv_batches(path: Path, time_column: str | None) -> Iterator[tuple[pa.RecordBatch, int]]:
-    import csv
-
     import pyarrow.csv as pcsv
 
-    with path.open(newline="", encoding="utf-8", errors="replace") as handle:
-        header = next(csv.reader(handle), None)
-    if not header:
-        raise LoadError(f"{path}: empty CSV file; the first line names the columns")
-    names = columns(path, header, time_column)
-    types: dict[str, pa.DataType] = {c: pa.float64() for c in names.metrics}
-    types[names.time] = pa.float64() if names.time_kind == "relative" else pa.string()
-    if names.attempt:
-        types[names.attempt] = pa.string()
-    if names.long:
-        lower = {n.lower(): n for n in header}
-        types[lower["name"]], types[lower["value"]] = pa.string(), pa.float64()
-    if names.step:
-        types[names.step] = pa.float64()
-    # Only an empty cell is missing: "nan" and "inf" are values (they are what the alert pages on).
-    convert = pcsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=True)
-    stream = pa.input_stream(str(path))
     try:
-        reader = pcsv.open_csv(
-            stream, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES), convert_options=convert
-        )
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                return
-            yield batch, stream.tell()
-    except pa.ArrowInvalid as error:
-        raise LoadError(f"{path}: {first_line(error)}; fix the value or leave the column out") from None
+        stream = pa.OSFile(str(path))
+    except OSError as error:
+        raise LoadError(f"{path}: cannot read it ({first_line(error)})") from None
+    try:
+        header = _header(path, stream)
+        names = columns(path, header, time_column)
+        types: dict[str, pa.DataType] = {c: pa.float64() for c in names.metrics}
+        # Text columns are read as bytes and checked as UTF-8 here, so a bad byte is refused naming its row.
+        types[names.time] = pa.float64() if names.time_kind == "relative" else pa.binary()
+        if names.attempt:
+            types[names.attempt] = pa.binary()
+        if names.long:
+            lower = {n.lower(): n for n in header}
+            types[lower["name"]], types[lower["value"]] = pa.binary(), pa.float64()
+        if names.step:
+            types[names.step] = pa.float64()
+        # Only an empty cell is missing: "nan" and "inf" are values (they are what the alert pages on).
+        convert = pcsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=True)
+        read = pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, column_names=header)
+        row = 2  # the first data row's line: the header is line 1
+        try:
+            reader = pcsv.open_csv(stream, read_options=read, convert_options=convert)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                yield _text(batch, path, row), _tell(stream)
+                row += batch.num_rows
+        except pa.ArrowInvalid as error:
+            text = first_line(error)
+            if "Empty CSV file" in text and row == 2:
+                # pyarrow's word for a stream with no row after the header it was not given.
+                raise LoadError(f"{path}: no metric values: a header and no rows; leave the file out") from None
+            if _STRADDLE in text:
+                raise LoadError(
+                    f"{path}: a line after line {row - 1} is longer than {CSV_BLOCK_BYTES // 2**20} MiB without a"
+                    " line break; is this a CSV file?"
+                ) from None
+            raise LoadError(
+                f"{path}: a row from line {row} on: {_short(text)}; fix the value or leave the column out"
+            ) from None
     finally:
         stream.close()
+
+
+def _header(path: Path, stream: pa.NativeFile) -> list[str]:
+    import pyarrow.csv as pcsv
+
+    """The header line's names, read from `stream` and leaving it at the first data row.
+
+    A regular file is read in chunks and sought back to the header's end; anything else (a FIFO,
+    a device) a byte at a time, as it cannot seek back.
+    """
+    regular = path.is_file()
+    data = b""
+    while True:
+        chunk = stream.read(_HEADER_CHUNK if regular else 1)
+        data += chunk
+        end = _line_end(data)
+        if end is not None:
+            line = data[:end]
+            break
+        if not chunk:
+            line = data
+            break
+        if len(data) > CSV_HEADER_BYTES:
+            raise LoadError(
+                f"{path}: line 1 (the header) has no line break in its first {CSV_HEADER_BYTES // 2**20} MiB;"
+                " is this a CSV file?"
+            )
+    if regular:
+        stream.seek(len(line))
+    if not line.strip():
+        raise LoadError(f"{path}: empty CSV file; the first line names the columns")
+    try:
+        # utf-8-sig drops a byte order mark (Excel writes one), which would otherwise hide the first column.
+        text = codecs.decode(line, "utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise LoadError(
+            f"{path}: line 1 (the header): byte {line[error.start]:#04x} at byte {error.start + 1} is not UTF-8;"
+            " save the file as UTF-8"
+        ) from None
+    data = text.encode()
+    try:
+        # The header is parsed by the parser that reads the rows, so both read quotes alike.
+        parsed = pcsv.read_csv(pa.py_buffer(data), read_options=pcsv.ReadOptions(block_size=len(data) + 1))
+    except pa.ArrowInvalid as error:
+        raise LoadError(f"{path}: line 1 (the header): {_short(first_line(error))}; is this a CSV file?") from None
+    return parsed.schema.names
+
+
+def _short(text: str) -> str:
+    """An error's text cut to ERROR_CHARS: pyarrow quotes the whole value, which may be a megabyte long."""
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+
+
+def _line_end(data: bytes) -> int | None:
+    """Where the first CSV line of `data` ends (after its line break), or None: a quoted field may hold a break."""
+    start = 0
+    while True:
+        found = data.find(b"\n", start)
+        if found < 0:
+            return None
+        if data.count(b'"', 0, found) % 2 == 0:
+            return found + 1
+        start = found + 1
+
+
+def _text(batch: pa.RecordBatch, path: Path, first_row: int) -> pa.RecordBatch:
+    """The batch with its byte columns as UTF-8 strings; LoadError naming the first row that is not UTF-8."""
+    arrays = list(batch.columns)
+    for index, array in enumerate(arrays):
+        if not pa.types.is_binary(array.type):
+            continue
+        try:
+            arrays[index] = array.cast(pa.string())
+        except pa.ArrowInvalid:
+            bad = _first_not_utf8(array)
+            raise LoadError(
+                f"{path}: line {first_row + bad}: column {batch.schema.names[index]!r} is not UTF-8;"
+                " save the file as UTF-8"
+            ) from None
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
+def _first_not_utf8(array: pa.Array) -> int:
+    # Only on the error path: the row the cast refused, found by Python's decoder.
+    for index, value in enumerate(array.to_pylist()):
+        try:
+            if value is not None:
+                value.decode("utf-8")
+        except UnicodeDecodeError:
+            return index
+    return 0
+
+
+def _tell(stream: pa.NativeFile) -> int:
+    """The bytes read so far, for the progress bar; 0 where the file cannot say (a FIFO)."""
+    try:
+        return stream.tell()
+    except OSError:
+        return 0
