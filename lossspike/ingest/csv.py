@@ -22,6 +22,8 @@ CSV_BLOCK_BYTES = 1 << 20
 CSV_HEADER_BYTES = 1 << 20
 # The most of a library's error message (which quotes the value at fault) an error line shows.
 ERROR_CHARS = 200
+# The longest header read from a FIFO or a device, a byte at a time (a few microseconds each).
+CSV_PIPE_HEADER_BYTES = 64 << 10
 # Header bytes read at a time from a regular file (which can seek back to the header's end).
 _HEADER_CHUNK = 1 << 16
 # pyarrow's error for a row longer than its block (arrow/util/delimiting.cc: "straddling object").
@@ -31,6 +33,9 @@ _STRADDLE = "straddl"
 def csv_batches(path: Path, time_column: str | None) -> Iterator[tuple[pa.RecordBatch, int]]:
     import pyarrow.csv as pcsv
 
+    if path.is_fifo():
+        # pyarrow's CSV reader reads a file it can seek (Arrow's OSFile calls lseek on opening).
+        raise LoadError(f"{path}: a FIFO; a CSV is read from a file: write the pipe's output to one and load that")
     try:
         stream = pa.OSFile(str(path))
     except OSError as error:
@@ -79,30 +84,33 @@ def csv_batches(path: Path, time_column: str | None) -> Iterator[tuple[pa.Record
 
 
 def _header(path: Path, stream: pa.NativeFile) -> list[str]:
-    import pyarrow.csv as pcsv
-
     """The header line's names, read from `stream` and leaving it at the first data row.
 
     A regular file is read in chunks and sought back to the header's end; anything else (a FIFO,
     a device) a byte at a time, as it cannot seek back.
     """
+    import pyarrow.csv as pcsv
+
     regular = path.is_file()
-    data = b""
-    while True:
+    most = CSV_HEADER_BYTES if regular else CSV_PIPE_HEADER_BYTES
+    data = bytearray()
+    line: bytes | None = None
+    quotes = 0  # quote marks before the scanned part: odd, and a line break is inside a quoted field
+    while line is None:
         chunk = stream.read(_HEADER_CHUNK if regular else 1)
-        data += chunk
-        end = _line_end(data)
-        if end is not None:
-            line = data[:end]
-            break
         if not chunk:
-            line = data
+            line = bytes(data)
             break
-        if len(data) > CSV_HEADER_BYTES:
+        scanned = len(data)
+        data += chunk
+        end = _line_end(chunk, quotes)
+        if end is not None:
+            line = bytes(data[: scanned + end])
+        elif len(data) > most:
             raise LoadError(
-                f"{path}: line 1 (the header) has no line break in its first {CSV_HEADER_BYTES // 2**20} MiB;"
-                " is this a CSV file?"
+                f"{path}: line 1 (the header) has no line break in its first {most // 2**10:,} KiB; is this a CSV file?"
             )
+        quotes += chunk.count(b'"')
     if regular:
         stream.seek(len(line))
     if not line.strip():
@@ -129,14 +137,18 @@ def _short(text: str) -> str:
     return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
 
 
-def _line_end(data: bytes) -> int | None:
-    """Where the first CSV line of `data` ends (after its line break), or None: a quoted field may hold a break."""
+def _line_end(chunk: bytes, quotes: int) -> int | None:
+    """Where in `chunk` the first CSV line ends (after its line break), or None.
+
+    `quotes` is the count of quote marks before the chunk: a line break after an odd count is
+    inside a quoted field.
+    """
     start = 0
     while True:
-        found = data.find(b"\n", start)
+        found = chunk.find(b"\n", start)
         if found < 0:
             return None
-        if data.count(b'"', 0, found) % 2 == 0:
+        if (quotes + chunk.count(b'"', 0, found)) % 2 == 0:
             return found + 1
         start = found + 1
 
