@@ -122,7 +122,7 @@ def _checked(us: np.ndarray, raw: pa.Array | np.ndarray, path: Path, where: Wher
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
         value = raw[index]
-        text = value.as_py() if isinstance(value, pa.Scalar) else value
+        text = value.as_py() if isinstance(value, pa.Scalar) else getattr(value, "item", lambda: value)()
         if not math.isfinite(float(us[index])):
             reason = "is not a finite time"
         else:
