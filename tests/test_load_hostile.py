@@ -78,6 +78,13 @@ def test_a_header_only_csv_is_no_metric_values_and_no_file(tmp_path):
     refused(result, database, source, "no metric values")
 
 
+def test_an_empty_json_lines_file_is_no_metric_values_and_no_file(tmp_path):
+    source = tmp_path / "died.jsonl"
+    source.write_text("\n")
+    result, database = load(source)
+    refused(result, database, source, "no metric values")
+
+
 def test_duplicate_columns_are_refused_naming_the_column(tmp_path):
     source = tmp_path / "dup.csv"
     source.write_text("timestamp,loss,loss\n2026-11-02T09:00:00Z,2.0,3.0\n")
@@ -240,6 +247,12 @@ def test_a_fifo_nobody_writes_is_refused_in_bounded_time(tmp_path):
     source = _fifo(tmp_path, "silent.jsonl", None)
     result, database = load(source, timeout=BOUNDED_S)
     refused(result, database, source, "nothing wrote")
+
+
+def test_a_parquet_fifo_is_refused_clearly_not_a_hang(tmp_path):
+    source = _fifo(tmp_path, "pipe.parquet", None)
+    result, database = load(source, timeout=BOUNDED_S)
+    refused(result, database, source, "not a regular file")
 
 
 @pytest.mark.xfail(
