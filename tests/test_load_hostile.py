@@ -227,13 +227,6 @@ def _fifo(tmp_path: Path, name: str, text: str | None) -> Path:
     return path
 
 
-def test_a_json_lines_fifo_is_read_once(tmp_path):
-    source = _fifo(tmp_path, "pipe.jsonl", '{"timestamp": "2026-11-02T09:00:00Z", "train_loss": 2.0}\n')
-    result, database = load(source, timeout=BOUNDED_S)
-    assert result.returncode == 0, result.stderr
-    assert written(database) == [("2026-11-02T09:00:00Z", "train_loss", 2.0)]
-
-
 def test_a_csv_fifo_is_refused_clearly_not_a_hang(tmp_path):
     source = _fifo(tmp_path, "pipe.csv", "timestamp,loss\n" + GOOD)
     result, database = load(source, timeout=BOUNDED_S)
@@ -343,11 +336,3 @@ def test_a_bad_data_crc_names_the_record(tmp_path):
     source.write_bytes(bytes(data))
     result, database = load(source.parent)
     refused(result, database, source, "record 3", "truncated or corrupt", "CRC")
-
-
-def test_a_record_cut_in_its_length_names_the_record(tmp_path):
-    source = _event_file(tmp_path / "run", [1793610000.0])
-    with source.open("ab") as handle:
-        handle.write(b"\x10\x00\x00")
-    result, database = load(source.parent)
-    refused(result, database, source, "record 3", "truncated or corrupt")
