@@ -110,8 +110,16 @@ def test_a_200000_character_value_is_one_short_line(tmp_path):
     source = tmp_path / "long_value.csv"
     source.write_text("timestamp,loss\n2026-11-02T09:00:00Z,2.0\n2026-11-02T09:00:10Z," + "x" * 200_000 + "\n")
     result, database = load(source)
-    line = refused(result, database, source, "line 2")
+    line = refused(result, database, source, "line 3", "'loss'")
     assert len(line) < 1_000, "the error quotes the whole value"
+
+
+def test_a_word_in_a_number_column_names_its_line_past_the_first_block(tmp_path):
+    source = tmp_path / "late_word.csv"
+    rows = [f"{1793610000 + i},2.0,{'oops' if i == 150_000 else 1}" for i in range(200_000)]
+    source.write_text("timestamp,loss,accuracy\n" + "\n".join(rows) + "\n")
+    result, database = load(source)
+    refused(result, database, source, "line 150002", "'accuracy'", "'oops'", "not a number")
 
 
 def test_a_200000_character_header_field_is_read_as_a_column(tmp_path):

@@ -26,6 +26,8 @@ ERROR_CHARS = 200
 CSV_PIPE_HEADER_BYTES = 64 << 10
 # Header bytes read at a time from a regular file (which can seek back to the header's end).
 _HEADER_CHUNK = 1 << 16
+# pyarrow's error for a value its column's type cannot hold (a word in a number column).
+_CONVERSION = "conversion error"
 # pyarrow's error for a row longer than its block (arrow/util/delimiting.cc: "straddling object").
 _STRADDLE = "straddl"
 
@@ -76,11 +78,69 @@ def csv_batches(path: Path, time_column: str | None) -> Iterator[tuple[pa.Record
                     f"{path}: a line after line {row - 1} is longer than {CSV_BLOCK_BYTES // 2**20} MiB without a"
                     " line break; is this a CSV file?"
                 ) from None
+            found = _bad_number(path, header, types, convert) if _CONVERSION in text else None
             raise LoadError(
-                f"{path}: a row from line {row} on: {_short(text)}; fix the value or leave the column out"
+                found or f"{path}: a row from line {row} on: {_short(text)}; fix the value or leave the column out"
             ) from None
     finally:
         stream.close()
+
+
+def _bad_number(path: Path, header: list[str], types: dict[str, pa.DataType], convert: object) -> str | None:
+    """The line, column and value pyarrow could not read as a number, found by reading the file again.
+
+    pyarrow's conversion error names the column and the value, not the row. Only a regular file
+    gets here (a FIFO is refused first), so it is read once more with the number columns as bytes,
+    a block at a time, and each column's first value the cast refuses is found by halving.
+    """
+    import pyarrow.csv as pcsv
+
+    as_bytes = {name: pa.binary() if kind == pa.float64() else kind for name, kind in types.items()}
+    options = pcsv.ConvertOptions(column_types=as_bytes, null_values=[""], strings_can_be_null=True)
+    row = 2
+    with pa.OSFile(str(path)) as stream:
+        _header(path, stream)
+        reader = pcsv.open_csv(
+            stream,
+            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES, column_names=header),
+            convert_options=options,
+        )
+        for batch in reader:
+            for name, kind in types.items():
+                if kind != pa.float64():
+                    continue
+                column = batch.column(name)
+                index = _first_unparsable(column)
+                if index is not None:
+                    value = column[index].as_py().decode("utf-8", "replace")
+                    return (
+                        f"{path}: line {row + index}: column {name!r} holds {_short(repr(value))}, not a number;"
+                        " fix the value or leave the column out"
+                    )
+            row += batch.num_rows
+    return None
+
+
+def _first_unparsable(column: pa.Array) -> int | None:
+    """The first value of a bytes column that does not cast to a number, by halving (log n casts), or None."""
+
+    def fails(part: pa.Array) -> bool:
+        try:
+            part.cast(pa.string()).cast(pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return True
+        return False
+
+    if not fails(column):
+        return None
+    low, high = 0, len(column)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fails(column.slice(low, middle - low)):
+            high = middle
+        else:
+            low = middle
+    return low
 
 
 def _header(path: Path, stream: pa.NativeFile) -> list[str]:
