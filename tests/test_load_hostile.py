@@ -140,6 +140,14 @@ def test_a_time_column_mixing_iso_and_epoch_names_the_first_row_of_the_other_kin
     refused(result, database, source, "line 4", "mixes formats", "ISO 8601 at line 2")
 
 
+def test_json_lines_switching_from_iso_to_epoch_after_a_batch_name_both_lines(tmp_path):
+    source = tmp_path / "switched.jsonl"
+    lines = ['{"timestamp": "2026-11-02T09:00:00Z", "loss": 2.0}'] * 70_000 + ['{"timestamp": 1793700000, "loss": 2.0}']
+    source.write_text("\n".join(lines) + "\n")
+    result, database = load(source)
+    refused(result, database, source, "line 70001", "mixes formats", "ISO 8601 at line 1")
+
+
 def test_the_seconds_milliseconds_boundary_and_microseconds(tmp_path):
     """Epoch seconds below 1e11, milliseconds from it (docs/loading.md); microseconds are refused, not read as ms."""
     for number, instant in [("99999999999", "5138-11-16T09:46:39Z"), ("100000000000", "1973-03-03T09:46:40Z")]:

@@ -60,6 +60,8 @@ def epoch_us(
 
     `seen` carries the column's format (ISO 8601 or epoch numbers) from one batch to the next.
     """
+    if not len(array):
+        return np.empty(0, np.int64)
     if array.null_count:
         first = int(np.flatnonzero(np.asarray(array.is_null()))[0])
         raise LoadError(f"{path}: {where(first)}: no time; every row needs one")
@@ -82,23 +84,24 @@ def epoch_us(
         return _checked(us.astype(np.float64), array, path, where, "time")
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         numeric = _numeric(array)
-        if not numeric.all() and numeric.any():
-            first_iso = int(np.flatnonzero(~numeric)[0])
-            first_number = int(np.flatnonzero(numeric)[0])
-            later = max(first_iso, first_number)
+        seen = seen if seen is not None else TimeFormat()
+        first_kind = "epoch" if numeric[0] else "iso"
+        seen.see(first_kind, where(0), path, where(0))
+        other = np.flatnonzero(numeric != numeric[0])
+        if len(other):
             raise LoadError(
-                f"{path}: {where(later)}: the time column mixes formats:"
-                f" {_FORMATS['epoch' if later == first_number else 'iso']} here,"
-                f" {_FORMATS['iso' if later == first_number else 'epoch']} at {where(min(first_iso, first_number))};"
+                f"{path}: {where(int(other[0]))}: the time column mixes formats:"
+                f" {_FORMATS['iso' if numeric[0] else 'epoch']} here, {_FORMATS[first_kind]} at {seen.where};"
                 " write every time one way"
             )
-        if seen is not None:
-            seen.see("epoch" if numeric.all() else "iso", where(0), path, where(0))
         if not numeric.all():
             return _iso_us(array, path, where)
         numbers = np.asarray(pc.cast(array, pa.float64()))
     else:
         numbers = _numbers(array, path, where)
+        if seen is not None:
+            # A JSON lines batch of numbers may follow one of ISO strings: the same column, mixed.
+            seen.see("epoch", where(0), path, where(0))
     if kind == "ms":
         return _checked(numbers * 1e3, numbers, path, where, "epoch milliseconds")
     # Seconds below EPOCH_MS_FROM, milliseconds from it (docs/loading.md); NaN stays NaN for _checked.
