@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -83,20 +84,18 @@ def epoch_us(
             us = np.asarray(pc.cast(array, pa.int64()), dtype=np.float64) * _UNIT_US[array.type.unit]
         return _checked(us.astype(np.float64), array, path, where, "time")
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
-        numeric = _numeric(array)
         seen = seen if seen is not None else TimeFormat()
-        first_kind = "epoch" if numeric[0] else "iso"
-        seen.see(first_kind, where(0), path, where(0))
-        other = np.flatnonzero(numeric != numeric[0])
-        if len(other):
-            raise LoadError(
-                f"{path}: {where(int(other[0]))}: the time column mixes formats:"
-                f" {_FORMATS['iso' if numeric[0] else 'epoch']} here, {_FORMATS[first_kind]} at {seen.where};"
-                " write every time one way"
-            )
-        if not numeric.all():
-            return _iso_us(array, path, where)
-        numbers = np.asarray(pc.cast(array, pa.float64()))
+        # The common cases first, one cast each: every value a number, or every value ISO 8601.
+        try:
+            numbers = np.asarray(pc.cast(array, pa.float64()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            iso = _iso_cast(array)
+            if iso is not None:
+                seen.see("iso", where(0), path, where(0))
+                return _checked(iso, array, path, where, "ISO 8601")
+            _mixed(array, path, where, seen)
+            _not_iso(array, path, where)
+        seen.see("epoch", where(0), path, where(0))
     else:
         numbers = _numbers(array, path, where)
         if seen is not None:
@@ -146,14 +145,32 @@ def _instant(us: float) -> str:
     return f"the year {1970 + us / 3.15576e13:,.0f}"
 
 
-def _iso_us(array: pa.Array, path: Path, where: Where) -> np.ndarray:
-    """ISO 8601 strings as epoch microseconds; one without an offset is UTC."""
+def _mixed(array: pa.Array, path: Path, where: Where, seen: TimeFormat) -> None:
+    """LoadError at a string time column's first value of the other format (ISO 8601 or an epoch number)."""
+    numeric = _numeric(array)
+    first_kind = "epoch" if numeric[0] else "iso"
+    seen.see(first_kind, where(0), path, where(0))
+    other = np.flatnonzero(numeric != numeric[0])
+    if len(other):
+        raise LoadError(
+            f"{path}: {where(int(other[0]))}: the time column mixes formats:"
+            f" {_FORMATS['iso' if numeric[0] else 'epoch']} here, {_FORMATS[first_kind]} at {seen.where};"
+            " write every time one way"
+        )
+
+
+def _iso_cast(array: pa.Array) -> np.ndarray | None:
+    """ISO 8601 strings as float epoch microseconds (one without an offset is UTC), or None if any is not."""
     for unit in (pa.timestamp("us", tz="UTC"), pa.timestamp("us")):
         try:
-            us = np.asarray(pc.cast(pc.cast(array, unit), pa.int64()))
+            return np.asarray(pc.cast(pc.cast(array, unit), pa.int64())).astype(np.float64)
         except pa.ArrowInvalid:
             continue
-        return _checked(us.astype(np.float64), array, path, where, "ISO 8601")
+    return None
+
+
+def _not_iso(array: pa.Array, path: Path, where: Where) -> NoReturn:
+    """LoadError naming the first string of a time column that is not ISO 8601 (the casts refused the column)."""
     for index, text in enumerate(array.to_pylist()):
         try:
             datetime.fromisoformat(text)
