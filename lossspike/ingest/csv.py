@@ -16,7 +16,8 @@ from lossspike.ingest.base import LoadError, first_line
 from lossspike.ingest.columns import columns
 
 # CSV bytes parsed at once: pyarrow reads a few blocks ahead, so larger blocks cost memory, not speed.
-# It is also the longest line read: pyarrow refuses a row that straddles two blocks.
+# It is also the longest line read: pyarrow refuses a row longer than a block (StraddlingTooLarge in
+# apache/arrow cpp/src/arrow/util/delimiting.cc), so a file without line breaks stops after a block.
 CSV_BLOCK_BYTES = 1 << 20
 # The longest header line read: a W&B export with thousands of metrics has a header of a few 100 KB.
 CSV_HEADER_BYTES = 1 << 20
@@ -36,7 +37,7 @@ def csv_batches(path: Path, time_column: str | None) -> Iterator[tuple[pa.Record
     import pyarrow.csv as pcsv
 
     if path.is_fifo():
-        # pyarrow's CSV reader reads a file it can seek (Arrow's OSFile calls lseek on opening).
+        # pyarrow opens only what it can seek: its OSFile raises "lseek failed" on a FIFO (pyarrow 26).
         raise LoadError(f"{path}: a FIFO; a CSV is read from a file: write the pipe's output to one and load that")
     try:
         stream = pa.OSFile(str(path))
