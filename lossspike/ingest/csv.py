@@ -1,7 +1,8 @@
 """CSV files as record batches, read by pyarrow's streaming CSV reader with the column types fixed from the header.
 
-The file is opened once (a FIFO can be read only once): the header line is read from pyarrow's own
-stream, bounded, and the rest of that stream goes to the CSV reader with the header's names.
+The file is opened once: the header line is read from pyarrow's own stream, bounded, and the rest
+of that stream goes to the CSV reader with the header's names. A FIFO is refused (pyarrow reads only
+a file it can seek); a device such as /dev/zero is read a byte at a time up to CSV_PIPE_HEADER_BYTES.
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ def _first_unparsable(column: pa.Array) -> int | None:
 def _header(path: Path, stream: pa.NativeFile) -> list[str]:
     """The header line's names, read from `stream` and leaving it at the first data row.
 
-    A regular file is read in chunks and sought back to the header's end; anything else (a FIFO,
-    a device) a byte at a time, as it cannot seek back.
+    A regular file is read in chunks and sought back to the header's end; anything else (a device)
+    a byte at a time, so that nothing past the header is consumed.
     """
     import pyarrow.csv as pcsv
 
