@@ -188,6 +188,17 @@ def test_a_json_time_out_of_range_names_the_line(tmp_path):
     refused(result, database, source, "line 2", "not a finite time")
 
 
+def test_a_parquet_timestamp_in_the_year_9999_names_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "history.parquet"
+    times = pa.array([1793610000, 253370764800], pa.timestamp("s", tz="UTC"))  # 2026-11-02, then 9999-01-01
+    pq.write_table(pa.table({"timestamp": times, "loss": [2.0, 2.1]}), source)
+    result, database = load(source)
+    refused(result, database, source, "row 2", "9999-01-01", "outside the product's range")
+
+
 def test_a_relative_time_of_1e300_is_refused_naming_the_row(tmp_path):
     source = tmp_path / "relative.csv"
     source.write_text("seconds,loss\n0,2.0\n1e300,2.1\n")

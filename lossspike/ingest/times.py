@@ -27,6 +27,13 @@ EPOCH_MS_FROM = 1e11
 # The product's time range in epoch microseconds (lossspike.base.times): from the epoch to before 9000.
 FIRST_US = int(EARLIEST_TIME.timestamp()) * 1_000_000
 END_US = int(LATEST_TIME.timestamp()) * 1_000_000
+# What Python's datetime holds (years 1 to 9999), in epoch microseconds: beyond it an instant is shown by its year.
+_DATETIME_FIRST_US = -62_135_596_800 * 1_000_000
+_DATETIME_END_US = 253_402_300_800 * 1_000_000
+# A timestamp unit's length in microseconds.
+_UNIT_US = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}
+# A string time column's two formats, as an error names them.
+_FORMATS = {"iso": "ISO 8601", "epoch": "an epoch number"}
 
 Where = Callable[[int], str]
 
@@ -49,9 +56,6 @@ class TimeFormat:
                 f"{path}: {other}: the time column mixes formats: {_FORMATS[kind]} here, {_FORMATS[self.kind]} at"
                 f" {self.where}; write every time one way"
             )
-
-
-_FORMATS = {"iso": "ISO 8601", "epoch": "an epoch number"}
 
 
 def epoch_us(
@@ -82,7 +86,7 @@ def epoch_us(
             us = np.asarray(pc.cast(pc.cast(array, pa.timestamp("us", tz="UTC")), pa.int64()))
         except pa.ArrowInvalid:
             us = np.asarray(pc.cast(array, pa.int64()), dtype=np.float64) * _UNIT_US[array.type.unit]
-        return _checked(us.astype(np.float64), array, path, where, "time")
+        return _checked(us.astype(np.float64), array, path, where, "a timestamp")
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
         seen = seen if seen is not None else TimeFormat()
         # The common cases first, one cast each: every value a number, or every value ISO 8601.
@@ -108,10 +112,6 @@ def epoch_us(
     return _checked(np.where(ms, numbers * 1e3, numbers * 1e6), numbers, path, where, "epoch seconds/milliseconds")
 
 
-# A timestamp unit's length in microseconds.
-_UNIT_US = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}
-
-
 def _numeric(array: pa.Array) -> np.ndarray:
     """Which strings of a column are numbers (an epoch), as opposed to ISO 8601 or anything else."""
     pattern = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^[-+]?(?i:nan|inf|infinity)$"
@@ -125,6 +125,8 @@ def _checked(us: np.ndarray, raw: pa.Array | np.ndarray, path: Path, where: Wher
         index = int(np.flatnonzero(bad)[0])
         value = raw[index]
         text = value.as_py() if isinstance(value, pa.Scalar) else getattr(value, "item", lambda: value)()
+        if isinstance(text, datetime):
+            text = text.isoformat()
         if not math.isfinite(float(us[index])):
             reason = "is not a finite time"
         else:
@@ -140,7 +142,7 @@ def _checked(us: np.ndarray, raw: pa.Array | np.ndarray, path: Path, where: Wher
 
 def _instant(us: float) -> str:
     """A time in words even outside what datetime holds: its year, or the ISO instant when datetime can."""
-    if -6.2e16 < us < 2.5e17:
+    if _DATETIME_FIRST_US <= us < _DATETIME_END_US:
         return format_us(int(us))[:19] + "Z"
     return f"the year {1970 + us / 3.15576e13:,.0f}"
 
