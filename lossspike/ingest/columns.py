@@ -40,6 +40,13 @@ class Columns:
 
 
 def columns(path: Path, names: Sequence[str], time_column: str | None) -> Columns:
+    """Which of `names` is the time, step, attempt and each metric; LoadError for a table the load cannot read."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            # Two columns of one name: which holds the metric (or the time) is a guess the load will not make.
+            raise LoadError(f"{path}: line 1 (the header) names the column {name!r} twice; rename one")
+        seen.add(name)
     lower = {n.lower(): n for n in names}
     if time_column is not None:
         if time_column not in names:

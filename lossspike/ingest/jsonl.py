@@ -3,22 +3,60 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
 from lossspike.ingest.base import BATCH_ROWS, LoadError
+
+# The longest line read: a W&B history row with thousands of metrics is a few 100 KB; a line with
+# no end (/dev/zero, a file without line breaks) stops here instead of filling memory.
+JSON_LINE_BYTES = 16 << 20
+# How long a FIFO may stay silent before its first byte: with no writer, opening it would wait forever.
+FIFO_WAIT_S = 10.0
+
+
+def open_once(path: Path) -> BinaryIO:
+    """`path` opened for reading, once; a FIFO without a writer is a LoadError after FIFO_WAIT_S, not a hang.
+
+    Opening a FIFO for reading blocks until a writer opens it (fifo(7)); O_NONBLOCK opens at once,
+    and poll(2) then waits, bounded, for the first data or the writer's close.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise LoadError(f"{path}: cannot read it ({error.strerror})") from None
+    if path.is_fifo():
+        ready, _, _ = select.select([fd], [], [], FIFO_WAIT_S)
+        if not ready:
+            os.close(fd)
+            raise LoadError(f"{path}: a FIFO nothing wrote to in {FIFO_WAIT_S:.0f} s; start its writer first")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def json_batches(path: Path) -> Iterator[tuple[pa.RecordBatch, int]]:
     """JSON lines through Python's json (it reads NaN and Infinity, as W&B's exports write them)."""
     rows: list[dict[str, Any]] = []
     done = 0
-    with path.open("rb") as handle:
-        for number, line in enumerate(handle, start=1):
+    number = 0
+    # Opened once and read forward only: a FIFO reads as well as a file.
+    with open_once(path) as handle:
+        while True:
+            # readline's limit bounds the memory a line can take (Python's io.IOBase.readline(size)).
+            line = handle.readline(JSON_LINE_BYTES + 1)
+            if not line:
+                break
+            number += 1
             done += len(line)
+            if len(line) > JSON_LINE_BYTES:
+                raise LoadError(
+                    f"{path}: line {number} is longer than {JSON_LINE_BYTES // 2**20} MiB; one JSON object a line"
+                )
             if not line.strip():
                 continue
             try:

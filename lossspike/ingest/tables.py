@@ -16,7 +16,7 @@ from lossspike.ingest.base import BATCH_ROWS, LONG_SCHEMA, LoadError, Source, Ti
 from lossspike.ingest.columns import Columns, columns
 from lossspike.ingest.csv import csv_batches
 from lossspike.ingest.jsonl import json_batches
-from lossspike.ingest.times import _numbers, epoch_us
+from lossspike.ingest.times import TimeFormat, _numbers, epoch_us
 
 
 def _table_batches(path: Path, kind: str, time_column: str | None) -> Iterator[tuple[pa.RecordBatch, int]]:
@@ -24,6 +24,9 @@ def _table_batches(path: Path, kind: str, time_column: str | None) -> Iterator[t
     if kind == "parquet":
         import pyarrow.parquet as pq
 
+        if not path.is_file():
+            # Parquet's footer is at the end: a FIFO or a device has no end to read first.
+            raise LoadError(f"{path}: not a regular file; Parquet is read from its end: copy it to a file first")
         try:
             handle = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as error:
@@ -50,6 +53,7 @@ def read_table(
     row = 0
     names: Columns | None = None
     default = source.attempt or run
+    seen = TimeFormat()
     for batch, done in _table_batches(path, source.kind, time_column):
         if names is None or source.kind == "jsonl":
             names = columns(path, batch.schema.names, time_column)
@@ -59,7 +63,7 @@ def read_table(
         def where(index: int, first: int = first, unit: str = unit) -> str:
             return f"{unit} {first + index}"
 
-        ts = epoch_us(batch.column(names.time), names.time_kind, start_us, path, where)
+        ts = epoch_us(batch.column(names.time), names.time_kind, start_us, path, where, seen)
         attempts = None
         if names.attempt:
             raw = batch.column(names.attempt)
@@ -69,6 +73,9 @@ def read_table(
         step = _step(batch, names, path, where)
         yield _melt(batch, names, ts, step, attempts, default, path, where), done
         row += batch.num_rows
+    if not row:
+        # A header and no rows (a job that died before its first log): nothing to judge.
+        raise LoadError(f"{path}: no metric values: the file has no rows; leave it out")
 
 
 def _step(batch: pa.RecordBatch, names: Columns, path: Path, where: Callable[[int], str]) -> pa.Array:
