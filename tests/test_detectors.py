@@ -629,3 +629,36 @@ def test_a_steady_rate_of_excursions_in_a_short_run_does_not_page_instability(ra
     [result] = backtest(store, Settings(), ticks)
     reasons = [result.runs[0].reason(i) for i in range(len(ticks))]
     assert "instability" not in reasons and set(reasons) <= {"healthy", "warming_up"}, reasons
+
+
+def newly_spiked(ages: tuple[int, ...], minutes: int = 240) -> list[Sample]:
+    """A calm falling run of `minutes` whose steps jump 2 nats in the first 10 s of the minutes
+    `ages` minutes old: a spike train that began at the oldest of them."""
+    samples = falling_run(minutes=minutes, noise=0.005)
+    for k, s in enumerate(samples):
+        age = NOW - s.timestamp
+        if int(age / MINUTE) in ages and age.seconds % 60 < 10:
+            samples[k] = Sample(s.timestamp, s.value + 2.0, "hero-a")
+    return samples
+
+
+def test_a_spike_train_that_began_twenty_minutes_ago_pages_instability():
+    """Four episodes in the newest 20 minutes after twelve calm blocks: over the whole window the
+    calm half hour before them dilutes their rate (one rate over history and window gives them
+    once in 130, not new), over the newest 20 minutes they are new (once in 5,000, under the
+    0.001 each span gets); the tick and the backtest agree at every tick around it. The same four
+    spread over the window's 50 minutes do not page: no span holds them densely enough."""
+    samples = newly_spiked((2, 7, 12, 17))
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
+    assert (row["reason"], row["observed"], row["threshold"]) == ("instability", 4.0, 4.0)
+    assert_matches(rows, expect(samples, NOW, Config()))
+    ticks = [NOW - 3 * MINUTE + k * MINUTE for k in range(4)]
+    [result] = backtest(store_for(samples), Settings(), ticks)
+    for i, tick in enumerate(ticks):
+        visible = [s for s in samples if s.timestamp < tick]
+        assert result.runs[0].reason(i) == loss_row(rows_for(visible, Settings(), tick))["reason"], tick
+    spread_out = newly_spiked((2, 15, 28, 41))
+    rows = rows_for(spread_out, Settings())
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(spread_out, NOW, Config()))
