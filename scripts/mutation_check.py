@@ -1077,8 +1077,8 @@ MUTANTS = [
     Mutant(
         "issue 45: instability judges a train over the whole window only",
         "lossspike/judge/detectors.py",
-        "    spans = train_spans(window)\n",
-        "    spans = [window]\n",
+        "    new = np.minimum(whole, newest) <= NEW_TRAIN_CHANCE / 2\n",
+        "    new = whole <= NEW_TRAIN_CHANCE\n",
         [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
     ),
 ]
