@@ -1081,6 +1081,13 @@ MUTANTS = [
         "    new = whole <= NEW_TRAIN_CHANCE\n",
         [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
     ),
+    Mutant(
+        "issue 45: a train's first episode counts as evidence",
+        "lossspike/judge/detectors.py",
+        "    after = np.where(idx > first[..., None], starts, False).sum(axis=-1)",
+        "    after = np.where(idx >= first[..., None], starts, False).sum(axis=-1)",
+        [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
+    ),
 ]
 
 

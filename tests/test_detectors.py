@@ -648,7 +648,9 @@ def test_a_spike_train_that_began_twenty_minutes_ago_pages_instability():
     over history and window gives them once in 450, not new at 0.002); as a train, the four after
     its first in its 19 minutes against the history come once in 2,900, new at the 0.001 each test
     gets. The tick and the backtest agree at every tick around it. The same five spread 11
-    minutes apart are five trains of one episode: no page."""
+    minutes apart are five trains of one episode: no page. A train of four 5 minutes apart is
+    three after its first in 18 minutes (once in 450): no page, its first being where it begins,
+    not evidence."""
     samples = newly_spiked((2, 6, 10, 14, 18))
     rows = rows_for(samples, Settings())
     row = loss_row(rows)
@@ -663,3 +665,7 @@ def test_a_spike_train_that_began_twenty_minutes_ago_pages_instability():
     rows = rows_for(spread_out, Settings())
     assert loss_row(rows)["reason"] == "healthy"
     assert_matches(rows, expect(spread_out, NOW, Config()))
+    four = newly_spiked((2, 7, 12, 17))
+    rows = rows_for(four, Settings())
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(four, NOW, Config()))
