@@ -53,6 +53,8 @@ DETECTOR_PROPERTIES = [
 CHECK_PROPERTIES = [f"{CHECKS}::test_checks_match_the_oracle"]
 SKIP_PROPERTIES = f"{CHECKS}::test_steps_skipped_counts_the_oracles_episodes"
 BACKTEST_CHECKS = "tests/test_backtest.py::test_backtest_check_rows_match_evaluate_at_every_tick"
+# Issue 46's edges, each at the boundary and one step past it.
+BOUNDARIES = "tests/test_boundaries.py"
 
 
 @dataclass(frozen=True)
@@ -1003,6 +1005,88 @@ MUTANTS = [
         '    return f"CONCAT({padded(time)}, {ordered})"',
         "    return f\"CONCAT({padded(time)}, '')\"",
         ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],
+    ),
+    # --- issue 46: edges a planted bug passed unnoticed (tests/test_boundaries.py) ---
+    Mutant(
+        "issue 46: skip episodes: a minute skips only when its values sum to 1 or more",
+        "lossspike/rules/checks.py",
+        "            if total > 0 and not skipping:\n                starts += 1\n            skipping = total > 0",
+        "            if total >= 1 and not skipping:\n                starts += 1\n            skipping = total >= 1",
+        [f"{BOUNDARIES}::test_fractional_skipped_step_values_are_skipping_minutes"],
+    ),
+    Mutant(
+        "issue 46: skip episodes: a window of non-finite values only is no metric",
+        "lossspike/rules/checks.py",
+        '    metric = data.metrics.get("skipped_steps")\n    if metric is None or metric.last is None:',
+        '    metric = data.metrics.get("skipped_steps")\n    if metric is None or metric.last_finite is None:',
+        [f"{BOUNDARIES}::test_a_window_holding_only_non_finite_skipped_step_values_pages"],
+    ),
+    Mutant(
+        "issue 46: level_shift: a slope needs more than eight fit minutes",
+        "lossspike/judge/detectors.py",
+        "    sloped = count >= 2 * (MIN_HALF_MINUTES + 1)",
+        "    sloped = count > 2 * (MIN_HALF_MINUTES + 1)",
+        [f"{BOUNDARIES}::test_a_slope_comes_from_eight_fit_minutes_and_not_from_seven"],
+    ),
+    Mutant(
+        "issue 46: level_shift: seven fit minutes give a slope",
+        "lossspike/judge/detectors.py",
+        "    sloped = count >= 2 * (MIN_HALF_MINUTES + 1)",
+        "    sloped = count >= 2 * MIN_HALF_MINUTES + 1",
+        [f"{BOUNDARIES}::test_a_slope_comes_from_eight_fit_minutes_and_not_from_seven"],
+    ),
+    Mutant(
+        "issue 46: level_shift: a flat level needs more than three minutes",
+        "lossspike/judge/detectors.py",
+        "levels[1] = np.where(counts[1] >= MIN_HALF_MINUTES,",
+        "levels[1] = np.where(counts[1] > MIN_HALF_MINUTES,",
+        [f"{BOUNDARIES}::test_a_flat_level_comes_from_four_fit_minutes_and_not_from_three"],
+    ),
+    Mutant(
+        "issue 46: level_shift: two minutes make a flat level",
+        "lossspike/judge/detectors.py",
+        "levels[1] = np.where(counts[1] >= MIN_HALF_MINUTES,",
+        "levels[1] = np.where(counts[1] >= MIN_HALF_MINUTES - 1,",
+        [f"{BOUNDARIES}::test_a_flat_level_comes_from_four_fit_minutes_and_not_from_three"],
+    ),
+    Mutant(
+        "issue 46: resume_jump: the minute the new attempt began in counts as the old one's level",
+        "lossspike/judge/detectors.py",
+        "    before = (old.n > 0) & (idx < first[..., None])",
+        "    before = (old.n > 0) & (idx <= first[..., None])",
+        [f"{BOUNDARIES}::test_a_resume_in_the_minute_its_predecessor_ended_is_judged_against_the_minutes_before"],
+    ),
+    Mutant(
+        "issue 46: resume_jump: the previous attempt's minutes after the new one began count",
+        "lossspike/judge/detectors.py",
+        "    before = (old.n > 0) & (idx < first[..., None])",
+        "    before = (old.n > 0) & (idx < minutes)",
+        [f"{BOUNDARIES}::test_attempts_that_overlap_are_judged_against_the_minutes_before_the_new_one"],
+    ),
+    Mutant(
+        "issue 46: a NULL kind is no sample",
+        "lossspike/sql/selection.py",
+        "(kind IS NULL OR LOWER(kind) IN (",
+        "(LOWER(kind) IN (",
+        [
+            f"{BOUNDARIES}::test_rows_with_a_null_kind_are_samples_on_duckdb",
+            f"{BOUNDARIES}::test_rows_with_a_null_kind_are_samples_on_bigquery",
+        ],
+    ),
+    # --- issue 45: instability's newest span ---
+    Mutant(
+        "issue 45: instability judges a train over the whole window only",
+        "lossspike/judge/detectors.py",
+        "    new = np.minimum(whole, newest) <= NEW_TRAIN_CHANCE / 2\n",
+        "    new = whole <= NEW_TRAIN_CHANCE\n",
+        [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
+    ),
+    Mutant(
+        "issue 45: a train's first episode counts as evidence",
+        "lossspike/judge/detectors.py",
+        "    after = np.where(idx > first[..., None], starts, False).sum(axis=-1)",
+        "    after = np.where(idx >= first[..., None], starts, False).sum(axis=-1)",
+        [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
     ),
 ]
 

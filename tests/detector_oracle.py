@@ -50,6 +50,7 @@ MIN_BLOCK_SAMPLES = 3  # a block with fewer finite losses is no level
 MIN_BLOCKS = 3  # the horizon needs three blocks
 MAD_TO_SIGMA = 1.4826
 NEW_TRAIN_CHANCE = 0.002  # a spike train is new when one rate over history and window gives it that chance
+TRAIN_GAP = 10  # ...or over its newest train (episodes at most 10 minutes apart), the chance split between them
 RESUME_LEVEL_MINUTES = 5  # a new attempt's level: the median floor of its first five minutes with data
 RESUME_PREVIOUS_MINUTES = 5  # the previous attempt held a level: five minutes with data in the hour
 DETECTORS = ("level_shift", "slow_divergence", "instability", "resume_jump")
@@ -331,7 +332,8 @@ def instability(
     the run: three or more own blocks before the hour, so few of them spiky that, given the
     episodes and spiky blocks in all, the window (the hour after its first ten minutes) would
     hold its episodes or more with a chance of at most NEW_TRAIN_CHANCE at its share of the
-    minutes (one Poisson rate over both).
+    minutes (one Poisson rate over both), or its newest train (TRAIN_GAP) the episodes after its
+    first over its span, each at half that.
 
     `own_minute` shifts the reference to the ten minutes ending with the judged one: not SPEC,
     the planted bug the property tests must reach (see `own_minute_matters`)."""
@@ -352,19 +354,34 @@ def instability(
         peak = max(grid[j].values)
         marked[j] = peak > limit
         edge |= _near(peak, limit, scale)
-    episodes, previous = 0, False
+    started = [0] * len(grid)
+    previous = False
     for j, minute in enumerate(grid):
         if minute.values:
-            episodes += marked[j] and not previous
+            started[j] = int(marked[j] and not previous)
             previous = marked[j]
+    episodes = sum(started)
     count = float(t.instability_count)
     blocks, spiky, own_edge = _own_blocks(grid, history, horizon, t, scale)
     window = len(grid) - REFERENCE_MINUTES
-    share = window / (window + BLOCK_MINUTES * blocks)
-    total = episodes + spiky
-    chance = math.fsum(math.comb(total, k) * share**k * (1 - share) ** (total - k) for k in range(episodes, total + 1))
-    new = blocks >= MIN_BLOCKS and chance <= NEW_TRAIN_CHANCE
-    own_edge |= math.isclose(chance, NEW_TRAIN_CHANCE, rel_tol=1e-6)
+    window_starts = [j for j in range(REFERENCE_MINUTES, len(grid)) if started[j]]
+    # The newest train: its episodes each at most TRAIN_GAP minutes after the one before.
+    first = window_starts[0] if window_starts else None
+    for earlier, j in zip(window_starts, window_starts[1:], strict=False):
+        if j - earlier > TRAIN_GAP:
+            first = j
+    tests = [(episodes, window)]
+    if first is not None:
+        tests.append((sum(started[first + 1 :]), len(grid) - first))
+    new = False
+    for inside, span in tests:
+        # The span's episodes against the history's spiky blocks, at the span's share of both.
+        total = inside + spiky
+        share = span / (span + BLOCK_MINUTES * blocks)
+        terms = (math.comb(total, k) * share**k * (1 - share) ** (total - k) for k in range(inside, total + 1))
+        chance = math.fsum(terms) if inside > 0 else 1.0
+        new |= blocks >= MIN_BLOCKS and chance <= NEW_TRAIN_CHANCE / 2
+        own_edge |= math.isclose(chance, NEW_TRAIN_CHANCE / 2, rel_tol=1e-6)
     return Decision(episodes >= count and new, float(episodes), count, edge or (episodes >= count and own_edge))
 
 

@@ -54,7 +54,7 @@ def reported(rows: list[dict]) -> None:
 # time in 100): drawn as explicit examples every run, and now and then by fleets() too.
 REFERENCE_EDGE = [
     Plan("hero-a", "spike_train", 10.0, 200, 2720318488, 0.5, 39, 3, attempts=("e1", "e2"), noise=0.08),
-    Plan("hero-a", "spike_train", 30.0, 130, 3843839804, 1.0, 26, 3, attempts=("x", None), noise=0.08),
+    Plan("hero-a", "spike_train", 30.0, 130, 1651062066, 1.0, 26, 3, attempts=("x", None), noise=0.08),
     Plan("hero-a", "spike_train", 30.0, 130, 142456398, 0.5, 36, 4, attempts=(None, "x"), noise=0.08),
 ]
 
@@ -629,3 +629,43 @@ def test_a_steady_rate_of_excursions_in_a_short_run_does_not_page_instability(ra
     [result] = backtest(store, Settings(), ticks)
     reasons = [result.runs[0].reason(i) for i in range(len(ticks))]
     assert "instability" not in reasons and set(reasons) <= {"healthy", "warming_up"}, reasons
+
+
+def newly_spiked(ages: tuple[int, ...], minutes: int = 240) -> list[Sample]:
+    """A calm falling run of `minutes` whose steps jump 2 nats in the first 10 s of the minutes
+    `ages` minutes old: a spike train that began at the oldest of them."""
+    samples = falling_run(minutes=minutes, noise=0.005)
+    for k, s in enumerate(samples):
+        age = NOW - s.timestamp
+        if int(age / MINUTE) in ages and age.seconds % 60 < 10:
+            samples[k] = Sample(s.timestamp, s.value + 2.0, "hero-a")
+    return samples
+
+
+def test_a_spike_train_that_began_twenty_minutes_ago_pages_instability():
+    """Five episodes in the newest 19 minutes, each 4 minutes after the one before, after twelve
+    calm blocks: over the whole window the calm half hour before them dilutes their rate (one rate
+    over history and window gives them once in 450, not new at 0.002); as a train, the four after
+    its first in its 19 minutes against the history come once in 2,900, new at the 0.001 each test
+    gets. The tick and the backtest agree at every tick around it. The same five spread 11
+    minutes apart are five trains of one episode: no page. A train of four 5 minutes apart is
+    three after its first in 18 minutes (once in 450): no page, its first being where it begins,
+    not evidence."""
+    samples = newly_spiked((2, 6, 10, 14, 18))
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
+    assert (row["reason"], row["observed"], row["threshold"]) == ("instability", 5.0, 4.0)
+    assert_matches(rows, expect(samples, NOW, Config()))
+    ticks = [NOW - 3 * MINUTE + k * MINUTE for k in range(4)]
+    [result] = backtest(store_for(samples), Settings(), ticks)
+    for i, tick in enumerate(ticks):
+        visible = [s for s in samples if s.timestamp < tick]
+        assert result.runs[0].reason(i) == loss_row(rows_for(visible, Settings(), tick))["reason"], tick
+    spread_out = newly_spiked((2, 13, 24, 35, 46))
+    rows = rows_for(spread_out, Settings())
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(spread_out, NOW, Config()))
+    four = newly_spiked((2, 7, 12, 17))
+    rows = rows_for(four, Settings())
+    assert loss_row(rows)["reason"] == "healthy"
+    assert_matches(rows, expect(four, NOW, Config()))

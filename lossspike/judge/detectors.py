@@ -26,9 +26,10 @@ are skipped, so eval pauses and slow steps never count as levels.
   only one that is new for the run: of the run's own ten-minute blocks before the hour
   (slow divergence's history blocks, at least MIN_BLOCKS of them), so few had a peak
   that far above their mean that, at one rate over the history and the window, the
-  window would hold its episodes with a chance of at most NEW_TRAIN_CHANCE. A run whose
-  logged loss has always spiked (one micro-batch's loss, heavy-tailed), or whose
-  excursions keep one rate, is judged against that history and stays quiet; a short
+  window, or the span of its newest train (episodes at most TRAIN_GAP_MINUTES apart, counted
+  after its first), would hold its episodes with a chance of at most NEW_TRAIN_CHANCE, shared by
+  the two. A run whose logged loss has always spiked (one micro-batch's loss, heavy-tailed), or
+  whose excursions keep one rate, is judged against that history and stays quiet; a short
   history refutes only a dense train.
 - resume_jump: a new attempt (no finite loss before the hour, its first in it) whose level,
   the median floor of its first RESUME_LEVEL_MINUTES minutes with data (at least
@@ -99,6 +100,16 @@ MIN_BLOCKS = 3
 # constant rate still paged in 3 of 180 three-hour runs, at 0.002 in none, and the benchmark's
 # spike trains all page by their deadline at either.
 NEW_TRAIN_CHANCE = 0.002
+# A train is also judged from its own first episode on, not only over the whole window: a train
+# that began twenty minutes ago is diluted by the calm half hour before it in a 50-minute rate.
+# The train is the newest episodes each at most TRAIN_GAP_MINUTES after the one before; its span
+# runs from its first episode's minute to now, and the episodes after that first one are its
+# count (the first only marks where the span begins, so it is not evidence). Against the history
+# alone, so a train's own beginning never counts against it; a steady train's count and span grow
+# together, so its chance only falls as it goes on, and the page does not come and go with each
+# excursion. The two tests share the chance above (half each, Bonferroni). Ten minutes: a
+# block; the spike trains of the chronicles come every few minutes.
+TRAIN_GAP_MINUTES = BLOCK_MINUTES
 # A new attempt's level is its first minutes': long enough that one step is not a level,
 # short enough to page within minutes of the first losses.
 RESUME_LEVEL_MINUTES = 5
@@ -397,11 +408,24 @@ def new_for_run(
     min_rise: Any,
 ) -> np.ndarray:
     """Whether a train of `episodes` in the hour is new for the run: it has MIN_BLOCKS own blocks
-    before the hour, and they would have stayed as calm as they did at the hour's rate with a
-    chance of at most NEW_TRAIN_CHANCE (see the module's doc)."""
+    before the hour, and over the window, or over the span of its newest train of episodes
+    (TRAIN_GAP_MINUTES), the run's history would have stayed as calm as it did at that rate with
+    a chance of at most half NEW_TRAIN_CHANCE (see the module's doc)."""
     spiky, blocks = own_spiky_blocks(grid, history_n, history_sum, history_peak, sigma, min_rise)
-    chance = same_rate_chance(episodes, spiky, blocks, grid.n.shape[-1] - REFERENCE_MINUTES)
-    return (blocks >= MIN_BLOCKS) & (chance <= NEW_TRAIN_CHANCE)
+    window = grid.n.shape[-1] - REFERENCE_MINUTES
+    episodes = np.asarray(episodes, dtype=float)
+    whole = same_rate_chance(episodes, spiky, blocks, window)
+    starts = episode_starts(excursions(grid, sigma, min_rise), grid.n > 0)[..., REFERENCE_MINUTES:]
+    idx = np.arange(window)
+    before = _previous(starts)
+    opens = starts & ((before < 0) | (idx - before > TRAIN_GAP_MINUTES))
+    first = np.max(np.where(opens, idx, -1), axis=-1, initial=-1)
+    after = np.where(idx > first[..., None], starts, False).sum(axis=-1)
+    span = window - np.maximum(first, 0)
+    newest = same_rate_chance(after, spiky, blocks, span)
+    newest = np.where((first >= 0) & (after > 0), newest, 1.0)
+    new = np.minimum(whole, newest) <= NEW_TRAIN_CHANCE / 2
+    return (blocks >= MIN_BLOCKS) & new
 
 
 def instability(
