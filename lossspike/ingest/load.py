@@ -81,6 +81,8 @@ class LoadReport:
     last: datetime | None = None
     cost: str = ""
     created: bool = False
+    # The rows the load added that no source holds: the FINISHED phase row of a run's end.
+    end_rows: int = 0
     # How the load read the run's end, and how to say otherwise.
     end: str = ""
     # Lines about the sources: several experiments in one directory, a history too short to judge.
@@ -90,7 +92,7 @@ class LoadReport:
 
     @property
     def rows_present(self) -> int:
-        return self.rows_read - self.rows_written
+        return self.rows_read + self.end_rows - self.rows_written
 
 
 def run_watched(run: str, selection: Selection) -> bool:
@@ -206,7 +208,6 @@ def _load(
             raise
         end.extend(_end_rows(tally, ended))
         for batch in end:
-            tally.add(batch)
             yield shaped(batch, schema, fixed, shape)
 
     scope = Scope(run, cluster, shape.time_column, tally.first_us if tally.counts else None, tally.last_us)
@@ -228,6 +229,7 @@ def _load(
         report.attempts[attempt] = report.attempts.get(attempt, 0) + number
         report.metrics[name] = report.metrics.get(name, 0) + number
     report.first, report.last = _instant(tally.first_us), _instant(tally.last_us)
+    report.end_rows = sum(batch.num_rows for batch in end)
     report.end = _end_line(tally, ended, bool(end), selection)
     report.notes += _span_notes(tally)
     report.suggestions = names.suggestions(report.metrics, metric_uses(selection))
