@@ -318,3 +318,53 @@ def test_run_given_twice_is_refused(tmp_path):
     result = load(str(source), "--run", "hero-a", "--run", "hero-b", "--database", str(database))
     one_line_error(result, "--run given twice", "hero-a", "hero-b")
     assert result.returncode == 2 and not database.exists()
+
+
+# -- BigQuery --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bq_endpoint():
+    import servers.bigquery as bqserver
+
+    with bqserver.bigquery_emulator("lossspike-history") as endpoint:
+        client = bqserver.make_client(endpoint, "lossspike-history")
+        client.create_dataset("obs")
+        client.close()
+        yield endpoint
+
+
+def test_bigquery_longer_copy_empty_cluster_and_forget(tmp_path, bq_endpoint):
+    import servers.bigquery as bqserver
+    from google.cloud import bigquery
+
+    from lossspike.ingest.bigquery import BigQueryTarget
+    from lossspike.ingest.load import describe, load_history
+    from lossspike.sql.selection import Selection
+
+    client = bqserver.make_client(bq_endpoint, "lossspike-history")
+    table = "lossspike-history.obs.telemetry"
+    fields = (*bqserver.TELEMETRY_SCHEMA_FIELDS, ("process_index", "INT64"), ("step", "INT64"))
+    definition = bigquery.Table(table, schema=[bigquery.SchemaField(n, t) for n, t in fields])
+    definition.time_partitioning = bigquery.TimePartitioning(field="timestamp")
+    client.create_table(definition)
+    data = rows(10, attempt=1) + rows(10, 2, 60, START + timedelta(minutes=12))
+    extra = {**data[-1], "step": data[-1]["step"] + 1, "loss": 1.5}
+    longer = data + [extra]
+
+    def target() -> BigQueryTarget:
+        return BigQueryTarget(table, client, bqserver.make_write_client(bq_endpoint))
+
+    def loss_rows() -> int:
+        return next(iter(client.query(f"SELECT COUNT(*) AS n FROM `{table}` WHERE name = 'train_loss'").result()))["n"]
+
+    mapping = {"loss": "train_loss"}
+    short = write_csv(tmp_path / "short" / "h.csv", data)
+    load_history([str(short)], RUN, target(), metric_map=mapping, cluster="")
+    report = load_history([str(write_csv(tmp_path / "long" / "h.csv", longer))], RUN, target(), metric_map=mapping)
+    # No cluster after '': the same rows; the one sharing its second with the last loaded one is new.
+    assert loss_rows() == len(longer)
+    assert any("bytes billed" in line for line in describe(report, Selection()))
+    forget = target().forget(RUN, None, "phase", None)
+    assert forget == {"(every attempt)": 2}
+    client.close()

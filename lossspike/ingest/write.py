@@ -184,7 +184,7 @@ def not_present(batch: pa.RecordBatch, present: pa.Table, time_column: str) -> p
     if not present.num_rows or not batch.num_rows:
         return batch
     kept = identities(batch, time_column).join(present, keys=IDENTITY.names, join_type="left anti")
-    rows = kept.column("row")
+    rows = kept.column("row").combine_chunks()
     return batch.take(pc.take(rows, pc.sort_indices(rows)))
 
 
