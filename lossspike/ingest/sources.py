@@ -34,8 +34,10 @@ TABLE_FORMATS = {
 # TensorBoard names its event files events.out.tfevents.*; W&B its run files run-<id>.wandb.
 TENSORBOARD_MARK = "tfevents"
 WANDB_SUFFIX = ".wandb"
-# W&B's run directories: run-<date>_<time>-<id> when online, offline-run-... in offline mode
-# (wandb/sdk/wandb_settings.py names both); the prefix is not part of the job's name.
+# W&B's run directories: `{run_mode}-{timespec}-{run_id}`, run_mode "run" online and "offline-run"
+# offline, holding `run-{run_id}.wandb`, with `latest-run` a link to the newest (wandb 0.29,
+# wandb/sdk/wandb_settings.py: sync_dir, sync_file, sync_symlink_latest). The prefix is no part
+# of the job's name; the file's name gives the run ID.
 WANDB_DIR_PREFIXES = ("offline-run-", "run-")
 
 
