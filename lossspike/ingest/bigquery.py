@@ -57,9 +57,9 @@ class BigQueryTarget:
     def present(self, scope: Scope, has_step: bool) -> pa.Table:
         """The identities (IDENTITY) of the table's rows of this run and cluster in the sources' time range.
 
-        One query, bounded to the run and the range: `timestamp` between the first and last time
-        prunes a table partitioned on it to those partitions, and only the identity columns are
-        read; what it billed goes to `cost`.
+        One query, bounded to the run, its metric names and the range: `timestamp` between the first
+        and last time prunes a table partitioned on it to those partitions, and only the identity
+        columns are read; what it billed goes to `cost`.
         """
         from google.cloud import bigquery
 
@@ -70,9 +70,13 @@ class BigQueryTarget:
         else:
             stamp, within = "`timestamp_ms`", "`timestamp_ms` BETWEEN DIV(@first, 1000) AND DIV(@last, 1000)"
         step = "step" if has_step else "CAST(NULL AS INT64)"
+        # The contract's table is clustered on (name, run_id) (terraform/bigquery.tf), and BigQuery
+        # prunes blocks by a filter on the leading clustering column
+        # (https://cloud.google.com/bigquery/docs/querying-clustered-tables): the names bound it too.
+        names = "AND name IN UNNEST(@names)" if scope.names else ""
         query = f"""
             SELECT execution_uid, name, {stamp} AS t, {step} AS step FROM `{self.table}`
-            WHERE {within} AND run_id = @run AND IFNULL(cluster, '') = @cluster
+            WHERE {within} {names} AND run_id = @run AND IFNULL(cluster, '') = @cluster
         """
         config = bigquery.QueryJobConfig(
             query_parameters=[
@@ -80,6 +84,7 @@ class BigQueryTarget:
                 bigquery.ScalarQueryParameter("cluster", "STRING", scope.cluster or ""),
                 bigquery.ScalarQueryParameter("first", "INT64", first),
                 bigquery.ScalarQueryParameter("last", "INT64", last),
+                bigquery.ArrayQueryParameter("names", "STRING", list(scope.names)),
             ]
         )
         try:

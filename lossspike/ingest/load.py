@@ -210,7 +210,9 @@ def _load(
         for batch in end:
             yield shaped(batch, schema, fixed, shape)
 
-    scope = Scope(run, cluster, shape.time_column, tally.first_us if tally.counts else None, tally.last_us)
+    # Known before writing only where the sources were read first (BigQuery); DuckDB needs neither.
+    written = tuple(sorted({name for _, name in tally.counts} | {selection.phase_metric})) if tally.counts else ()
+    scope = Scope(run, cluster, shape.time_column, tally.first_us if tally.counts else None, tally.last_us, written)
     try:
         report.rows_written = target.write(fresh(), schema, scope)
     except (LoadError, Created):

@@ -41,6 +41,8 @@ class Scope:
     time_column: str
     first_us: int | None = None
     last_us: int | None = None
+    # The metric names the load writes (empty: not read yet); BigQuery prunes its clustered blocks by them.
+    names: tuple[str, ...] = ()
 
 
 class Created(Exception):  # noqa: N818 - a signal, not an error
