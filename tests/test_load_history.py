@@ -116,8 +116,8 @@ def test_a_link_to_a_run_directory_is_the_run_it_points_at(tmp_path):
     through_link = load(str(tmp_path / "latest"), "--run", RUN, "--database", str(database))
     assert through_link.returncode == 0, through_link.stderr
     event = next((runs / "job-7" / "tb").glob("events.out.tfevents.*"))
-    # The same file by its own path, and by the folder above: the same job, nothing twice.
-    for path in (event, runs):
+    # The same file through the link, by its own path, and by the folder above: the same job, nothing twice.
+    for path in (tmp_path / "latest" / event.name, event, runs):
         again = load(str(path), "--run", RUN, "--database", str(database))
         assert again.returncode == 0, again.stderr
         assert " 0 rows written" in again.stdout
