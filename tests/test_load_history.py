@@ -188,19 +188,25 @@ def test_an_empty_cluster_and_no_cluster_are_one_cluster(tmp_path):
     assert query(database, "SELECT COUNT(*) FROM telemetry") == before
 
 
-def test_loads_started_together_into_a_new_database_write_the_rows_once(tmp_path):
+def test_loads_started_together_into_a_new_database_all_land_once(tmp_path):
     source = write_csv(tmp_path / "h.csv", rows(120))
     database = tmp_path / "new.duckdb"
-    command = [sys.executable, "-m", "lossspike.cli", "load", str(source), "--run", RUN, "--metric", "loss=train_loss"]
+    command = [sys.executable, "-m", "lossspike.cli", "load", str(source), "--metric", "loss=train_loss"]
+    # Two loads of one run (the same rows) and two of others, all into a path no file has yet.
+    runs = ["hero-a", "hero-a", "hero-b", "hero-c"]
     processes = [
         subprocess.Popen(
-            [*command, "--database", str(database)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*command, "--run", run, "--database", str(database)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        for _ in range(4)
+        for run in runs
     ]
     results = [(p.wait(timeout=120), *p.communicate()) for p in processes]
     assert [code for code, _, _ in results] == [0, 0, 0, 0], [err for _, _, err in results]
-    assert query(database, "SELECT COUNT(*) FROM telemetry WHERE name = 'train_loss'") == [(len(rows(120)),)]
+    counts = query(database, "SELECT run_id, COUNT(*) FROM telemetry WHERE name = 'train_loss' GROUP BY 1 ORDER BY 1")
+    assert counts == [(run, len(rows(120))) for run in ("hero-a", "hero-b", "hero-c")]
     # Nothing of the loads' own building files is left beside the database.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.csv", "new.duckdb"]
 
