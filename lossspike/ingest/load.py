@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -266,17 +267,21 @@ class _Tally:
             self.counts[(attempt, name)] = self.counts.get((attempt, name), 0) + number
             if name == self.phase:
                 self.phased.add(attempt)
-        losses = table.filter(pc.equal(table.column("name"), self.loss))
-        if not losses.num_rows:
+        attempts = grouped.column("attempt").to_pylist()
+        with_loss = [a for a, n in zip(attempts, grouped.column("name").to_pylist(), strict=True) if n == self.loss]
+        if not with_loss:
             return
-        self.first_loss_us = min(self.first_loss_us, pc.min(losses.column("ts")).as_py())
-        # Each attempt's times never go back (the readers refuse a source whose do): its last row is its newest.
-        newest = losses.group_by("attempt").aggregate([("ts", "max")])
-        for attempt, at in zip(newest.column("attempt").to_pylist(), newest.column("ts_max").to_pylist(), strict=True):
-            if at >= self.last_loss.get(attempt, (-(2**63), None))[0]:
-                mine = pc.and_(pc.equal(losses.column("attempt"), attempt), pc.equal(losses.column("ts"), at))
-                rows = losses.filter(mine)
-                self.last_loss[attempt] = (at, rows.column("step")[rows.num_rows - 1].as_py())
+        is_loss = np.asarray(pc.equal(batch.column("name"), self.loss))
+        times = np.asarray(ts)
+        self.first_loss_us = min(self.first_loss_us, int(times[is_loss].min()))
+        alone = len(set(attempts)) == 1
+        for attempt in with_loss:
+            mine = is_loss if alone else is_loss & np.asarray(pc.equal(batch.column("attempt"), attempt))
+            # The newest loss row: the last of those at the newest time.
+            rows = np.flatnonzero(mine)
+            last = int(rows[len(rows) - 1 - int(np.argmax(times[rows][::-1]))])
+            if int(times[last]) >= self.last_loss.get(attempt, (-(2**63), None))[0]:
+                self.last_loss[attempt] = (int(times[last]), batch.column("step")[last].as_py())
 
     def last_attempt(self) -> str | None:
         """The attempt whose loss ends last: the job the run ended in (the earlier ones ended by the restart)."""
