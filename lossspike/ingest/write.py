@@ -110,6 +110,8 @@ class DuckDBTarget:
         # A new file: built beside the path, then hard-linked to it, which fails if another load
         # created the path meanwhile (Created: that load's file is never touched).
         directory, name = os.path.split(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise LoadError(f"{self.path}: cannot create the DuckDB file (no directory {directory})")
         building = os.path.join(directory, f".{name}.{os.getpid()}.{time.time_ns()}.loading")
         try:
             written = self._insert(building, batches, schema, scope)
@@ -117,6 +119,12 @@ class DuckDBTarget:
                 os.link(building, self.path)
             except FileExistsError:
                 raise Created from None
+            except OSError:
+                # A file system without hard links: a rename, which would replace a file another
+                # load created in between, so only onto a path still free.
+                if os.path.exists(self.path):
+                    raise Created from None
+                os.replace(building, self.path)
         finally:
             for leftover in (building, f"{building}.wal"):
                 Path(leftover).unlink(missing_ok=True)
