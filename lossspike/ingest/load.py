@@ -188,7 +188,7 @@ def _load(
     def read(tally: _Tally | None) -> Iterator[pa.RecordBatch]:
         return _long_batches(sources, run, start_us, time_column, names, progress, tally)
 
-    tally = _Tally(loss=selection.metric, phase=selection.phase_metric)
+    tally = _Tally(loss=selection.metric, phase=selection.phase_metric, run=run)
     streamed = not getattr(target, "validates_first", False)
     if not streamed:
         for _ in read(tally):
@@ -245,6 +245,7 @@ class _Tally:
 
     loss: str
     phase: str
+    run: str = ""
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     first_us: int = 2**63 - 1
     last_us: int = -(2**63)
@@ -328,7 +329,10 @@ def _end_line(tally: _Tally, ended: str, wrote: bool, selection: Selection) -> s
             " so the backtest pages `stalled` after its last sample; --ended does not change it"
         )
     if ended == "crashed":
-        return "end: --ended crashed: no FINISHED row, so the backtest pages `stalled` after the last sample"
+        return (
+            "end: --ended crashed: no FINISHED row, so the backtest pages `stalled` after the last sample (one an"
+            f" earlier load wrote stays: lossspike forget --run {tally.run} --name {selection.phase_metric} removes it)"
+        )
     return "end: --ended running: no FINISHED row; a later load of the longer files adds the rest"
 
 
