@@ -56,13 +56,18 @@ def series() -> list[dict]:
 
 
 def direct(path: Path, rows: list[dict], uid: str) -> None:
-    """The series written straight into a contract table, as a loader of the contract would."""
+    """The series written straight into a contract table, as a loader of the contract would, ending as
+    a run that finished on purpose: Levanter's FINISHED phase row at the last attempt's last loss (what
+    `lossspike load` writes by default where a source cannot say how the run ended)."""
     with duckdb.connect(str(path)) as connection:
         connection.execute(telemetry_table_ddl("telemetry"))
         connection.executemany(
             "INSERT INTO telemetry VALUES (?, 'levanter', 'train_loss', ?, NULL, ?, ?, ?)",
             [[r["time"], r["loss"], RUN, uid.format(a=r["attempt"]), uid.format(a=r["attempt"])] for r in rows],
         )
+        last = uid.format(a=rows[-1]["attempt"])
+        finished = "INSERT INTO telemetry VALUES (?, 'levanter', 'phase', 2.0, NULL, ?, ?, ?)"
+        connection.execute(finished, [rows[-1]["time"], RUN, last, last])
 
 
 def backtest(database: Path) -> list[dict]:
@@ -182,7 +187,9 @@ def test_loading_the_same_file_twice_adds_no_rows_and_a_longer_file_adds_the_res
     assert "0 rows written" in again.stdout
     whole = write_csv(tmp_path / "history.csv", rows)
     assert lossspike("load", str(whole), *args).returncode == 0
-    assert count(database) == len(rows)
+    # Each load that ends in a new place also writes the run's FINISHED phase row there (its end,
+    # read as finished): the half file's, which the whole file's later loss supersedes, and the whole's.
+    assert count(database) == len(rows) + 2
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPE_COLUMNS))
@@ -203,7 +210,8 @@ def test_a_levanter_shaped_table_is_written_in_its_own_shape(tmp_path, shape, ex
     # Whole milliseconds are all a timestamp_ms table holds: the series' times are whole seconds.
     assert backtest(database) == expected_runs
     again = lossspike("load", str(source), "--run", RUN, "--metric", "loss=train_loss", "--database", str(database))
-    assert again.returncode == 0 and count(database) == len(series())
+    # The series and its FINISHED phase row, once.
+    assert again.returncode == 0 and count(database) == len(series()) + 1
 
 
 def bad(tmp_path: Path, name: str, text: str) -> Path:
@@ -273,7 +281,9 @@ def test_attempt_flag_makes_a_file_its_own_attempt(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     with duckdb.connect(str(database), read_only=True) as connection:
-        uids = connection.execute("SELECT execution_uid, COUNT(*) FROM telemetry GROUP BY 1 ORDER BY 1").fetchall()
+        uids = connection.execute(
+            "SELECT execution_uid, COUNT(*) FROM telemetry WHERE name = 'train_loss' GROUP BY 1 ORDER BY 1"
+        ).fetchall()
     assert uids == [("job1", len(rows)), ("job2", len(later))]
 
 
@@ -305,7 +315,8 @@ def test_every_real_curves_file_loads_through_the_csv_path(tmp_path):
         report = load_history(
             [str(path)], f"hero-{path.stem}", DuckDBTarget(database), metric_map={"loss": "train_loss"}, start=start
         )
-        assert report.rows_written == len(rows), path.name
+        # Every row, and the FINISHED phase row at the run's end (its end read as finished).
+        assert report.rows_written == len(rows) + 1, path.name
         assert set(report.attempts) == {f"{path.stem}-attempt-{r['attempt']}" for r in rows}
         with duckdb.connect(str(database), read_only=True) as connection:
             nan = connection.execute(
@@ -372,7 +383,7 @@ def test_tensorboard_runs_load_as_attempts_and_backtest_as_the_series(tmp_path, 
     if not simple_value:
         assert "grad_norm_total -> the grad_norm check" in result.stdout
         with duckdb.connect(str(database)) as connection:
-            connection.execute("DELETE FROM telemetry WHERE name <> 'train_loss'")
+            connection.execute("DELETE FROM telemetry WHERE name NOT IN ('train_loss', 'phase')")
     assert backtest(database) == expected_float32
 
 
@@ -547,6 +558,7 @@ def test_nan_and_inf_load_as_values(tmp_path):
     result = lossspike("load", str(path), "--run", RUN, "--metric", "loss=train_loss", "--database", str(database))
     assert result.returncode == 0, result.stderr
     with duckdb.connect(str(database), read_only=True) as connection:
-        values = [v for (v,) in connection.execute("SELECT value FROM telemetry ORDER BY timestamp").fetchall()]
+        query = "SELECT value FROM telemetry WHERE name = 'train_loss' ORDER BY timestamp"
+        values = [v for (v,) in connection.execute(query).fetchall()]
     # The empty cell is no row; the three others are the values the alert pages on.
     assert len(values) == 3 and math.isnan(values[0]) and values[1:] == [math.inf, -math.inf]

@@ -54,11 +54,15 @@ def test_a_load_appends_through_the_storage_write_api_in_the_tables_shape_once(t
         return load_history([str(source)], RUN, target, metric_map={"loss": "train_loss"}, cluster="us-c1")
 
     report = load()
-    assert report.rows_written == len(rows)
+    # The rows, and the FINISHED phase row at the run's end (read as finished: a CSV cannot say).
+    assert report.rows_written == len(rows) + 1
     assert "bytes billed" in report.cost
     written = rows_of(client, table)
-    assert len(written) == len(rows)
-    assert {(r["run_id"], r["cluster"], r["name"]) for r in written} == {(RUN, "us-c1", "train_loss")}
+    assert len(written) == len(rows) + 1
+    assert {(r["run_id"], r["cluster"], r["name"]) for r in written} == {
+        (RUN, "us-c1", "train_loss"),
+        (RUN, "us-c1", "phase"),
+    }
     assert {r["execution_uid"] for r in written} == {"history-attempt-1", "history-attempt-2"}
     # NaN lands as a value (BigQuery's FLOAT64 keeps it:
     # https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types#floating_point_types).
@@ -70,8 +74,8 @@ def test_a_load_appends_through_the_storage_write_api_in_the_tables_shape_once(t
         times = sorted(r["timestamp_ms"] for r in written)
         assert times[0] == int(rows[0]["time"].timestamp() * 1000)
     again = load()
-    assert again.rows_written == 0 and again.rows_present == len(rows)
-    assert len(rows_of(client, table)) == len(rows)
+    assert again.rows_written == 0 and again.rows_present == len(rows) + 1
+    assert len(rows_of(client, table)) == len(rows) + 1
     client.close()
 
 
@@ -129,8 +133,9 @@ def test_a_load_cut_off_part_way_says_what_landed_and_the_same_load_writes_the_r
     report = load_history(
         [str(source)], RUN, BigQueryTarget(table, client, bqserver.make_write_client(bq_endpoint)), metric_map=mapping
     )
-    assert report.rows_written == 2 * len(rows) - 1000
+    # The rest, and the FINISHED phase row at the run's end.
+    assert report.rows_written == 2 * len(rows) - 1000 + 1
     written = rows_of(client, table)
     keys = {(r["execution_uid"], r["name"], r["timestamp"]) for r in written}
-    assert len(written) == len(keys) == 2 * len(rows)
+    assert len(written) == len(keys) == 2 * len(rows) + 1
     client.close()

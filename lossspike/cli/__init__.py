@@ -1,4 +1,4 @@
-"""The `lossspike` command line: evaluate, demo, sql, config, backtest, load, plot, silence, override(s).
+"""The `lossspike` command line: evaluate, demo, sql, config, backtest, load, forget, plot, silence, override(s).
 
 Each command group's parsers and commands live in a module of their own (run, backtest, cost,
 overrides); this module wires them into one parser and turns errors into exit codes.

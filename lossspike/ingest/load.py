@@ -7,17 +7,17 @@ long form (time, step, name, value, attempt), and what the target table does not
 is written through the publisher's sinks in the table's own shape (the contract's, or a
 Levanter table's, read from its schema as the tick reads it).
 
-A row is the same row when it has the same run, cluster, attempt (execution_uid) and metric
-name and a time no later than the newest such row already in the table: each attempt's times
-never go back (a source whose do is refused), so what a table holds of one attempt's metric is
-always a prefix in time, and a load that is repeated, or resumed after a failure, writes exactly
-the rows after that prefix. Finding the prefix reads the table's rows of this run from the
-sources' first time on, never the whole table.
+A row is already there when the table holds one of the same run, cluster (an empty and a NULL
+cluster are one), attempt (execution_uid), name, time and step (lossspike.ingest.write): a load
+repeated, resumed after a failure, or of a longer copy of a file writes exactly the rows the
+table lacks. A run that ended on purpose gets the FINISHED phase row the publisher writes at its
+end (from a W&B run's exit record, else as `--ended` says), so the backtest does not page
+`stalled` after it.
 
 This module is the load itself and its report; the parts are beside it: finding the sources in
 lossspike.ingest.sources, reading tables in lossspike.ingest.tables (CSV in .csv, JSON lines in
-.jsonl, their columns in .columns, times in .times), the targets, marks and table shapes in
-lossspike.ingest.write.
+.jsonl, their columns in .columns, times in .times), the targets, the row identity and table
+shapes in lossspike.ingest.write.
 """
 
 from __future__ import annotations
@@ -30,28 +30,47 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lossspike.base.schema import missing_telemetry_columns, telemetry_shape, telemetry_type_problem
-from lossspike.ingest.base import LONG_SCHEMA, LoadError, Source, first_line, format_us
+from lossspike.ingest.base import LONG_SCHEMA, PHASE_KEY, LoadError, Source, first_line, format_us
 from lossspike.ingest.sources import find_sources
 from lossspike.ingest.tables import read_table
-from lossspike.ingest.write import MARKS, DuckDBTarget, Target, after_marks, shaped, target_schema
+from lossspike.ingest.write import Created, DuckDBTarget, Scope, Target, shaped, target_schema
 from lossspike.publish import DUCKDB_COLUMNS, SERVICE, metric_name
+from lossspike.rules.rule import MIN_DETECTOR_BASELINE_MINUTES, Thresholds
 from lossspike.sql.selection import CHECK_METRICS, Selection, metric_names
 
 # The epoch, to turn --start into epoch microseconds.
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The long form with each source key replaced by the product's metric name.
 _NAMED_SCHEMA = pa.schema([*[f for f in LONG_SCHEMA if f.name != "key"], ("name", pa.string())])
+# How a run ended, for sources that cannot tell (`--ended`): finished writes Levanter's FINISHED
+# phase row where its last attempt's loss ends, as the publisher's finish() does (no `stalled`
+# page after a clean end); crashed writes none, so the backtest pages `stalled` as it would have
+# live; running (files copied from a run still training) writes none either. Finished is the
+# default: a wrong `crashed` pages every clean run, a wrong `finished` misses only the stall
+# page of a run that crashed at its very end.
+ENDINGS = ("finished", "crashed", "running")
+# Source kinds whose files record how each attempt ended (a W&B run's exit record): their
+# reader gives the PHASE_KEY row itself, and --ended never overrides it.
+_TELLS_ITS_END = ("wandb",)
+# Levanter's TrainingPhase.FINISHED (lossspike.publish.row), as the phase metric stores it.
+_FINISHED = 2.0
+# A loaded loss that spans less than this is never judged: the rule reads whole minutes, and its
+# detectors need a baseline of MIN_DETECTOR_BASELINE_MINUTES before a recent window.
+_JUDGED_MINUTES = MIN_DETECTOR_BASELINE_MINUTES + Thresholds().recent_minutes
+# Source keys that look like a check's metric (after normalisation), and the name the check reads.
+_LOOKS_LIKE = {"grad_norm": "grad_norm", "gradnorm": "grad_norm", "throughput": "throughput", "mfu": "mfu"}
 
 # -- the load ------------------------------------------------------------------------------
 
 
 @dataclass
 class LoadReport:
-    """What a load read and wrote."""
+    """What a load read and wrote, and what the user should hear about it."""
 
     run: str
     target: str
@@ -63,10 +82,18 @@ class LoadReport:
     last: datetime | None = None
     cost: str = ""
     created: bool = False
+    # The rows the load added that no source holds: the FINISHED phase row of a run's end.
+    end_rows: int = 0
+    # How the load read the run's end, and how to say otherwise.
+    end: str = ""
+    # Lines about the sources: several experiments in one directory, a history too short to judge.
+    notes: list[str] = field(default_factory=list)
+    # Source keys loaded under a name nothing reads, with the name a check would read them as.
+    suggestions: dict[str, str] = field(default_factory=dict)
 
     @property
     def rows_present(self) -> int:
-        return self.rows_read - self.rows_written
+        return self.rows_read + self.end_rows - self.rows_written
 
 
 def run_watched(run: str, selection: Selection) -> bool:
@@ -97,13 +124,14 @@ def load_history(
     metric_map: Mapping[str, str] | None = None,
     start: datetime | None = None,
     time_column: str | None = None,
+    ended: str = "finished",
     progress: Callable[[int, int], None] | None = None,
 ) -> LoadReport:
-    """Read every source, and write what `target` does not hold yet; on bad input, LoadError and nothing written.
+    """Read every source, and write the rows `target` does not hold yet; on bad input, LoadError and nothing written.
 
     Into DuckDB the sources stream through once, into one INSERT that an error anywhere rolls
     back. Into BigQuery, whose appends commit one by one, a first pass reads every source to the
-    end (so bad input fails before any append) and finds the first time the marks query needs.
+    end (so bad input fails before any append) and finds the time range its identity query reads.
     """
     selection = selection or Selection()
     if not run.strip():
@@ -114,7 +142,34 @@ def load_history(
             f"run {run!r} is not watched by {watched}: load it as a watched ID (e.g. hero-{run}) or set"
             " LOSSSPIKE_RUN_PATTERN"
         )
-    sources = find_sources(paths, attempt_paths)
+    if ended not in ENDINGS:
+        raise LoadError(f"--ended {ended!r}: expected one of {', '.join(ENDINGS)}")
+    notes: list[str] = []
+    sources = find_sources(paths, attempt_paths, notes)
+    for _ in range(2):
+        try:
+            report = _load(
+                sources, run, target, selection, cluster or None, metric_map, start, time_column, ended, progress
+            )
+        except Created:
+            continue  # another load made the file first: this one loads into it, skipping what it holds
+        report.notes[:0] = notes
+        return report
+    raise LoadError(f"{target.description}: another load kept replacing the file; load again")
+
+
+def _load(
+    sources: Sequence[Source],
+    run: str,
+    target: Target,
+    selection: Selection,
+    cluster: str | None,
+    metric_map: Mapping[str, str] | None,
+    start: datetime | None,
+    time_column: str | None,
+    ended: str,
+    progress: Callable[[int, int], None] | None,
+) -> LoadReport:
     columns = target.columns()
     if columns is not None:
         problem = telemetry_type_problem(columns, "duckdb" if isinstance(target, DuckDBTarget) else "bigquery")
@@ -128,39 +183,40 @@ def load_history(
     report = LoadReport(run=run, target=target.description, created=columns is None)
     start_us = None if start is None else (start - _EPOCH) // timedelta(microseconds=1)
     mapping = dict(metric_map or {})
+    names = _Names(mapping, selection)
 
     def read(tally: _Tally | None) -> Iterator[pa.RecordBatch]:
-        return _long_batches(sources, run, start_us, time_column, mapping, progress, tally)
+        return _long_batches(sources, run, start_us, time_column, names, progress, tally)
 
-    tally = _Tally()
-    since: int | None = None
-    if getattr(target, "validates_first", False):
+    tally = _Tally(loss=selection.metric, phase=selection.phase_metric, run=run)
+    streamed = not getattr(target, "validates_first", False)
+    if not streamed:
         for _ in read(tally):
             pass
         if not tally.counts:
             raise LoadError(f"{', '.join(str(s.path) for s in sources)}: no metric values in the source")
-        since = tally.first_us
-    marks: dict[tuple[str, str], int] = {}
-    if columns is not None:
-        table, report.cost = target.marks(run, cluster, since, shape.time_column)
-        marks = {(u, n): m for u, n, m in zip(*(table.column(c).to_pylist() for c in MARKS.names), strict=True)}
     fixed = {"run_id": run, "cluster": cluster, "service": selection.service or SERVICE}
     schema = target_schema(shape_columns)
     failure: list[LoadError] = []
+    end: list[pa.RecordBatch] = []
 
     def fresh() -> Iterator[pa.RecordBatch]:
         try:
-            for batch in read(None if since is not None else tally):
-                kept = after_marks(batch, marks)
-                if kept.num_rows:
-                    yield shaped(kept, schema, fixed, shape)
+            for batch in read(tally if streamed else None):
+                yield shaped(batch, schema, fixed, shape)
         except LoadError as error:
             failure.append(error)
             raise
+        end.extend(_end_rows(tally, ended))
+        for batch in end:
+            yield shaped(batch, schema, fixed, shape)
 
+    # Known before writing only where the sources were read first (BigQuery); DuckDB needs neither.
+    written = tuple(sorted({name for _, name in tally.counts} | {selection.phase_metric})) if tally.counts else ()
+    scope = Scope(run, cluster, shape.time_column, tally.first_us if tally.counts else None, tally.last_us, written)
     try:
-        report.rows_written = target.write(fresh(), schema)
-    except LoadError:
+        report.rows_written = target.write(fresh(), schema, scope)
+    except (LoadError, Created):
         raise
     except Exception as error:  # noqa: BLE001 - a source's error surfaces through the sink's reader
         if failure:
@@ -170,31 +226,129 @@ def load_history(
         raise failure[0]
     if not tally.counts:
         raise LoadError(f"{', '.join(str(s.path) for s in sources)}: no metric values in the source")
+    report.cost = target.cost
     report.rows_read = sum(tally.counts.values())
     for (attempt, name), number in tally.counts.items():
         report.attempts[attempt] = report.attempts.get(attempt, 0) + number
         report.metrics[name] = report.metrics.get(name, 0) + number
     report.first, report.last = _instant(tally.first_us), _instant(tally.last_us)
+    report.end_rows = sum(batch.num_rows for batch in end)
+    report.end = _end_line(tally, ended, bool(end), selection)
+    report.notes += _span_notes(tally)
+    report.suggestions = names.suggestions(report.metrics, metric_uses(selection))
     return report
 
 
 @dataclass
 class _Tally:
-    """Rows read per (attempt, name), and the first and last time, batch by batch."""
+    """Rows read per (attempt, name), the first and last time, and each attempt's last loss sample."""
 
+    loss: str
+    phase: str
+    run: str = ""
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     first_us: int = 2**63 - 1
     last_us: int = -(2**63)
+    # Per attempt, its newest loss sample: (time, step).
+    last_loss: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    first_loss_us: int = 2**63 - 1
+    # Attempts whose source records its end (W&B), and those that gave a phase row of their own.
+    telling: set[str] = field(default_factory=set)
+    phased: set[str] = field(default_factory=set)
 
     def add(self, batch: pa.RecordBatch) -> None:
         ts = batch.column("ts")
         self.first_us = min(self.first_us, pc.min(ts).as_py())
         self.last_us = max(self.last_us, pc.max(ts).as_py())
-        grouped = pa.Table.from_batches([batch]).group_by(["attempt", "name"]).aggregate([("ts", "count")])
+        table = pa.Table.from_batches([batch])
+        grouped = table.group_by(["attempt", "name"]).aggregate([("ts", "count")])
         for attempt, name, number in zip(
             *(grouped.column(c).to_pylist() for c in ("attempt", "name", "ts_count")), strict=True
         ):
             self.counts[(attempt, name)] = self.counts.get((attempt, name), 0) + number
+            if name == self.phase:
+                self.phased.add(attempt)
+        attempts = grouped.column("attempt").to_pylist()
+        with_loss = [a for a, n in zip(attempts, grouped.column("name").to_pylist(), strict=True) if n == self.loss]
+        if not with_loss:
+            return
+        is_loss = np.asarray(pc.equal(batch.column("name"), self.loss))
+        times = np.asarray(ts)
+        self.first_loss_us = min(self.first_loss_us, int(times[is_loss].min()))
+        alone = len(set(attempts)) == 1
+        for attempt in with_loss:
+            mine = is_loss if alone else is_loss & np.asarray(pc.equal(batch.column("attempt"), attempt))
+            # The newest loss row: the last of those at the newest time.
+            rows = np.flatnonzero(mine)
+            last = int(rows[len(rows) - 1 - int(np.argmax(times[rows][::-1]))])
+            if int(times[last]) >= self.last_loss.get(attempt, (-(2**63), None))[0]:
+                self.last_loss[attempt] = (int(times[last]), batch.column("step")[last].as_py())
+
+    def last_attempt(self) -> str | None:
+        """The attempt whose loss ends last: the job the run ended in (the earlier ones ended by the restart)."""
+        if not self.last_loss:
+            return None
+        return max(self.last_loss, key=lambda a: (self.last_loss[a][0], a))
+
+
+def _end_rows(tally: _Tally, ended: str) -> list[pa.RecordBatch]:
+    """The FINISHED phase row the publisher's finish() would have written, when the run ended on purpose."""
+    attempt = tally.last_attempt()
+    if ended != "finished" or attempt is None or attempt in tally.telling or attempt in tally.phased:
+        return []
+    at, step = tally.last_loss[attempt]
+    return [
+        pa.record_batch(
+            [pa.array([at], pa.int64()), pa.array([step], pa.int64()), pa.array([_FINISHED]),
+             pa.array([attempt]), pa.array([tally.phase])],
+            schema=_NAMED_SCHEMA,
+        )
+    ]  # fmt: skip
+
+
+def _end_line(tally: _Tally, ended: str, wrote: bool, selection: Selection) -> str:
+    """How the load read the run's end, and how to say otherwise."""
+    attempt = tally.last_attempt()
+    if attempt is None:
+        return f"end: no {selection.metric} rows, so no end is written (no {selection.phase_metric} row)"
+    if wrote:
+        at = format_us(tally.last_loss[attempt][0])[:19]
+        return (
+            f"end: read as finished (the sources cannot say): a {selection.phase_metric} FINISHED row at {at}Z,"
+            f" the last {selection.metric} of the last attempt {attempt}, so the backtest pages no `stalled` after it;"
+            " if the run crashed, load with --ended crashed"
+        )
+    if attempt in tally.phased:
+        return (
+            f"end: the last attempt {attempt} has {selection.phase_metric} rows of its own (its source's);"
+            " --ended does not change them"
+        )
+    if attempt in tally.telling:
+        return (
+            f"end: the last attempt {attempt} did not finish, as its W&B run records (no exit code 0): no FINISHED row,"
+            " so the backtest pages `stalled` after its last sample; --ended does not change it"
+        )
+    if ended == "crashed":
+        return (
+            "end: --ended crashed: no FINISHED row, so the backtest pages `stalled` after the last sample (one an"
+            f" earlier load wrote stays: lossspike forget --run {tally.run} --name {selection.phase_metric} removes it)"
+        )
+    return "end: --ended running: no FINISHED row; a later load of the longer files adds the rest"
+
+
+def _span_notes(tally: _Tally) -> list[str]:
+    """A loss history too short in wall time for the rule to judge, and what to do."""
+    if not tally.last_loss:
+        return []
+    span = max(at for at, _ in tally.last_loss.values()) - tally.first_loss_us
+    if span >= _JUDGED_MINUTES * 60_000_000:
+        return []
+    return [
+        f"warning: the loss samples span {span / 1e6:,.1f} s; the rule reads whole minutes and judges a run after"
+        f" {_JUDGED_MINUTES} minutes of them, so the backtest can never judge this history. If the steps were"
+        " minutes apart, the time column is not their wall time: name the right one with --time-column (or give"
+        " --start for seconds since the start)"
+    ]
 
 
 def _instant(us: int) -> datetime:
@@ -206,7 +360,7 @@ def _long_batches(
     run: str,
     start_us: int | None,
     time_column: str | None,
-    metric_map: dict[str, str],
+    names: _Names,
     progress: Callable[[int, int], None] | None,
     tally: _Tally | None,
 ) -> Iterator[pa.RecordBatch]:
@@ -215,20 +369,33 @@ def _long_batches(
     finished = 0
     for source in sources:
         reader = _reader(source)
-        for batch, done in reader(source, run, start_us, time_column):
+        batches = iter(reader(source, run, start_us, time_column))
+        while True:
+            try:
+                item = next(batches, None)
+            except LoadError:
+                raise
+            except Exception as error:  # noqa: BLE001 - a reader's unforeseen error: one line naming the file
+                kind = type(error).__name__
+                raise LoadError(f"{source.path}: cannot be read ({kind}: {first_line(error)})") from None
+            if item is None:
+                break
+            batch, done = item
             if not batch.num_rows:
                 continue
             keys = batch.column("key").dictionary_encode()
-            names = pa.array([_product_name(k, metric_map) for k in keys.dictionary.to_pylist()], pa.string())
-            named = pa.record_batch(
-                [batch.column(c) for c in ("ts", "step", "value", "attempt")] + [pc.take(names, keys.indices)],
+            named = pa.array([names.name(k) for k in keys.dictionary.to_pylist()], pa.string())
+            batch = pa.record_batch(
+                [batch.column(c) for c in ("ts", "step", "value", "attempt")] + [pc.take(named, keys.indices)],
                 schema=_NAMED_SCHEMA,
             )
             if tally is not None:
-                tally.add(named)
+                tally.add(batch)
+                if source.kind in _TELLS_ITS_END:
+                    tally.telling.update(pc.unique(batch.column("attempt")).to_pylist())
             if progress:
                 progress(finished + done, total)
-            yield named
+            yield batch
         finished += source.path.stat().st_size
     if progress:
         progress(total, total)
@@ -246,12 +413,41 @@ def _reader(source: Source) -> Callable[..., Iterable[tuple[pa.RecordBatch, int]
     return read_table
 
 
-def _product_name(key: str, metric_map: Mapping[str, str]) -> str:
-    """`--metric` first (a team's key, as written or normalised), else the publisher's normalisation."""
-    if key in metric_map:
-        return metric_map[key]
-    name = metric_name(key)
-    return metric_map.get(name, name)
+class _Names:
+    """Source keys as the product's metric names: `--metric` first, else the publisher's normalisation.
+
+    PHASE_KEY (a reader's row saying how its attempt ended) is the selection's phase metric, never
+    through `--metric` or normalisation.
+    """
+
+    def __init__(self, metric_map: Mapping[str, str], selection: Selection) -> None:
+        self._map = metric_map
+        self._phase = selection.phase_metric
+        # The normalised name of each key loaded, to suggest a --metric for one nothing reads.
+        self.keys: dict[str, str] = {}
+
+    def name(self, key: str) -> str:
+        if key == PHASE_KEY:
+            return self._phase
+        if key in self._map:
+            return self._map[key]
+        name = metric_name(key)
+        self.keys.setdefault(name, key)
+        return self._map.get(name, name)
+
+    def suggestions(self, loaded: Mapping[str, int], uses: Mapping[str, str]) -> dict[str, str]:
+        """Source keys loaded under a name nothing reads that look like a check's metric: key -> the name it reads."""
+        wanted = {use.removeprefix("the ").removesuffix(" check"): name for name, use in uses.items()}
+        out = {}
+        for name in loaded:
+            if name in uses or name not in self.keys:
+                continue
+            squashed = re.sub(r"[^a-z]", "", name.lower())
+            for look, check in _LOOKS_LIKE.items():
+                if look in squashed and check in wanted and wanted[check] not in loaded:
+                    out[self.keys[name]] = wanted[check]
+                    break
+        return out
 
 
 # -- what the metrics feed -----------------------------------------------------------------
@@ -286,6 +482,11 @@ def describe(report: LoadReport, selection: Selection) -> list[str]:
     if others:
         shown = ", ".join(others[:20]) + (f" and {len(others) - 20} more" if len(others) > 20 else "")
         lines.append(f"also loaded (no check reads them): {shown}")
+    for key, name in sorted(report.suggestions.items()):
+        lines.append(f"hint: {key} looks like what {uses[name]} reads; load it as {name} with --metric {key}={name}")
+    if report.end:
+        lines.append(report.end)
+    lines += report.notes
     if selection.metric not in report.metrics:
         lines.append(
             f"warning: no {selection.metric} rows: the loss rule has nothing to read; map your loss key with"

@@ -1,4 +1,19 @@
-"""Finding a load's sources: the files a path names (a directory is searched), each with its format and attempt."""
+"""Finding a load's sources: the files a path names (a directory is searched), each with its format and attempt.
+
+An attempt (execution_uid) is one job of the run, named the same whatever path names it:
+
+- a W&B run directory, `run-<date>_<time>-<id>` (or `offline-run-...`), less its prefix: the
+  date and time make each job's directory unique, and a resumed job writes a new one;
+- a TensorBoard run directory (the one holding its event files), as `<parent>/<directory>`:
+  jobs often write `job-1/tensorboard` and `job-2/tensorboard`, whose last folder alone would
+  merge two jobs into one attempt, and the name must not depend on which other jobs one load
+  is given (a load of job-2 and a later load of job-1 name each job as a load of both does);
+- what `--attempt` names: its file's name less the suffix, or its directory's name, for every
+  source under it.
+
+Paths are resolved first, so a symbolic link (W&B's `wandb/latest-run`) is the run it points at,
+and a file named twice (a directory and its `latest-run` link) is read once.
+"""
 
 from __future__ import annotations
 
@@ -19,32 +34,69 @@ TABLE_FORMATS = {
 # TensorBoard names its event files events.out.tfevents.*; W&B its run files run-<id>.wandb.
 TENSORBOARD_MARK = "tfevents"
 WANDB_SUFFIX = ".wandb"
+# W&B's run directories: `{run_mode}-{timespec}-{run_id}`, run_mode "run" online and "offline-run"
+# offline, holding `run-{run_id}.wandb`, with `latest-run` a link to the newest (wandb 0.29,
+# wandb/sdk/wandb_settings.py: sync_dir, sync_file, sync_symlink_latest). The prefix is no part
+# of the job's name; the file's name gives the run ID.
+WANDB_DIR_PREFIXES = ("offline-run-", "run-")
 
 
-def find_sources(paths: Sequence[str], attempt_paths: Sequence[str] = ()) -> list[Source]:
-    """The files `paths` name (a directory is searched), each with its format; LoadError for none."""
+def find_sources(
+    paths: Sequence[str], attempt_paths: Sequence[str] = (), notes: list[str] | None = None
+) -> list[Source]:
+    """The files `paths` name (a directory is searched), each with its format; LoadError for none.
+
+    `notes` gets a line for each directory that holds several TensorBoard runs (they load as
+    attempts of the one run: the user hears which, and how to load them apart).
+    """
     sources: list[Source] = []
+    seen: set[Path] = set()
     for text, own in [(p, False) for p in paths] + [(p, True) for p in attempt_paths]:
-        path = Path(text)
-        if not path.exists():
-            raise LoadError(f"{path}: no such file or directory")
+        given = Path(text)
+        if not given.exists():
+            raise LoadError(f"{given}: no such file or directory")
+        path = given.resolve()
         if path.is_dir():
             found = _search(path)
             if not found:
                 raise LoadError(
-                    f"{path}: no W&B run (run-*.wandb), TensorBoard event file (events.out.tfevents.*) or"
+                    f"{given}: no W&B run (run-*.wandb), TensorBoard event file (events.out.tfevents.*) or"
                     " CSV/JSON lines/Parquet file in it"
                 )
-            sources += [Source(s.path, s.kind, s.attempt or (path.name if own else None)) for s in found]
-            continue
-        kind = _kind(path)
-        if kind is None:
-            raise LoadError(
-                f"{path}: unknown format; give a .csv, .jsonl, .parquet, events.out.tfevents.* or run-*.wandb file"
-            )
-        attempt = _attempt_name(path) if own or kind in ("tensorboard", "wandb") else None
-        sources.append(Source(path, kind, attempt))
+            found = [Source(s.path, s.kind, path.name if own else s.attempt) for s in found]
+            runs = sorted({s.attempt for s in found if s.kind == "tensorboard" and s.attempt})
+            if notes is not None and not own and len(runs) > 1:
+                notes.append(
+                    f"{given}: {len(runs)} TensorBoard run directories, loaded as {len(runs)} attempts of this run"
+                    f" ({', '.join(runs)}); if they are separate experiments, load each directory with its own --run"
+                )
+        else:
+            kind = _kind(path)
+            if kind is None:
+                raise LoadError(
+                    f"{given}: unknown format; give a .csv, .jsonl, .parquet, events.out.tfevents.* or run-*.wandb file"
+                )
+            attempt = path.stem if own else _attempt_name(path) if kind in ("tensorboard", "wandb") else None
+            found = [Source(path, kind, attempt)]
+        for source in found:
+            if source.path not in seen:
+                seen.add(source.path)
+                sources.append(source)
+    _one_wandb_run(sources)
     return sources
+
+
+def _one_wandb_run(sources: Sequence[Source]) -> None:
+    """Refuse W&B files of several run IDs: one load is one run, and a resume keeps its run's ID."""
+    ids: dict[str, Path] = {}
+    for source in sources:
+        if source.kind == "wandb":
+            ids.setdefault(source.path.stem.removeprefix("run-"), source.path.parent)
+    if len(ids) > 1:
+        named = ", ".join(f"{run_id} ({where})" for run_id, where in sorted(ids.items()))
+        raise LoadError(
+            f"the sources hold {len(ids)} W&B runs: {named}; a load is one run: load each with its own --run"
+        )
 
 
 def _kind(path: Path) -> str | None:
@@ -57,25 +109,23 @@ def _kind(path: Path) -> str | None:
 
 def _search(directory: Path) -> list[Source]:
     """A directory's sources: W&B runs, else TensorBoard runs (one attempt per directory), else tables."""
-    # wandb/latest-run is a symbolic link to the newest run directory: the same file again.
-    wandb = sorted(p for p in directory.rglob(f"run-*{WANDB_SUFFIX}") if not p.parent.is_symlink())
+    # Each file once, by its resolved path: wandb/latest-run links to a run directory also found by name.
+    wandb = sorted({p.resolve() for p in directory.rglob(f"run-*{WANDB_SUFFIX}") if p.is_file()})
     if wandb:
         return [Source(p, "wandb", _attempt_name(p)) for p in wandb]
-    events = sorted(p for p in directory.rglob(f"*{TENSORBOARD_MARK}*") if p.is_file())
+    events = sorted({p.resolve() for p in directory.rglob(f"*{TENSORBOARD_MARK}*") if p.is_file()})
     if events:
         return [Source(p, "tensorboard", _attempt_name(p)) for p in events]
-    tables = sorted(p for p in directory.rglob("*") if p.is_file() and _kind(p) in TABLE_FORMATS.values())
+    tables = sorted({p.resolve() for p in directory.rglob("*") if p.is_file() and _kind(p) in TABLE_FORMATS.values()})
     return [Source(p, _kind(p) or "csv") for p in tables]
 
 
 def _attempt_name(path: Path) -> str:
-    """The execution_uid a file or run directory gives its rows.
-
-    A W&B job writes `run-<date>_<time>-<id>/run-<id>.wandb`, a resumed job a new directory
-    with the same id, so the directory (less `run-`) names the job; TensorBoard's run is the
-    directory holding the event files; a table is its file name without the suffix.
-    """
-    if path.suffix == WANDB_SUFFIX or TENSORBOARD_MARK in path.name:
-        parent = path.parent.name
-        return parent.removeprefix("run-").removeprefix("offline-run-") or path.stem
-    return path.stem
+    """The execution_uid a W&B or TensorBoard file (a resolved path) gives its rows: its run directory's name."""
+    parent = path.parent
+    if path.suffix == WANDB_SUFFIX:
+        for prefix in WANDB_DIR_PREFIXES:
+            if parent.name.startswith(prefix) and parent.name != prefix:
+                return parent.name.removeprefix(prefix)
+        return parent.name or path.stem
+    return f"{parent.parent.name}/{parent.name}" if parent.parent.name else parent.name

@@ -1,9 +1,16 @@
-"""Writing a load: its targets (the Target protocol, DuckDB's), the idempotence marks, rows in the table's shape."""
+"""Writing a load: its targets (the Target protocol, DuckDB's), the row identity, rows in the table's shape.
+
+A row is already in the table when a row of the same run, cluster (an empty and a NULL cluster
+are one), attempt (execution_uid), name, time and step is: a load repeated, resumed after a
+failure, or of a longer copy of a file writes exactly the rows the table lacks.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,45 +22,79 @@ from lossspike.ingest.base import LoadError, first_line
 # What DuckDB may buffer while it inserts a load: with a few batches in flight, a load stays
 # under 500 MiB however large its files.
 DUCKDB_MEMORY = "192MB"
-# The marks a target returns: its newest time per (execution_uid, name) of a run; rows up to it are there.
-MARKS = pa.schema([("execution_uid", pa.string()), ("name", pa.string()), ("mark", pa.int64())])
+# How long a load waits for a DuckDB file another process holds (DuckDB locks a file per
+# process): loads started together take turns instead of failing.
+LOCK_WAIT_S = 120.0
+# A NULL step in a row identity: no logged step is this (steps count up from 0).
+NO_STEP = -(2**63)
+# A row identity as an Arrow anti-join compares it (the run and cluster are the load's own): the
+# time as the table stores it (epoch microseconds, or milliseconds in a timestamp_ms table).
+IDENTITY = pa.schema([("execution_uid", pa.string()), ("name", pa.string()), ("t", pa.int64()), ("step", pa.int64())])
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one load writes: rows of `run` in `cluster`, from `first_us` to `last_us` (None: not read yet)."""
+
+    run: str
+    cluster: str | None
+    time_column: str
+    first_us: int | None = None
+    last_us: int | None = None
+    # The metric names the load writes (empty: not read yet); BigQuery prunes its clustered blocks by them.
+    names: tuple[str, ...] = ()
+
+
+class Created(Exception):  # noqa: N818 - a signal, not an error
+    """Another load committed the new DuckDB file while this one built its own: load again, into it."""
 
 
 class Target(Protocol):
-    """Where a load writes: a table whose shape it reads, whose rows of a run it can mark, and a sink."""
+    """Where a load writes: a table whose shape it reads, and a sink that skips the rows already there."""
 
     description: str
+    cost: str
 
     def columns(self) -> dict[str, str] | None: ...
 
-    def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]: ...
+    def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema, scope: Scope) -> int: ...
 
-    def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int: ...
+    def forget(self, run: str, cluster: str | None, name: str, attempt: str | None) -> dict[str, int]: ...
 
 
 class DuckDBTarget:
-    """A DuckDB file's telemetry table, written through publish.DuckDBSink in one transaction."""
+    """A DuckDB file's telemetry table, written in one transaction that skips the rows it already holds.
+
+    A new file is built under a name of the load's own and linked to the path once committed: a
+    failed load leaves no file, and never removes a file another load committed.
+    """
 
     def __init__(self, path: str | os.PathLike[str], table: str = "telemetry") -> None:
-        from lossspike.publish import DuckDBSink
+        from lossspike.sql.dialects import DUCKDB, quote_table
 
         self.path = os.fspath(path)
         self.table = table
         self.description = f"{self.path} table {table}"
-        self._sink = DuckDBSink(self.path, table)
+        self.cost = ""
+        self._quoted = quote_table(DUCKDB, table)
 
-    def _connect(self, read_only: bool) -> Any:
+    def _connect(self, path: str, read_only: bool, config: dict[str, str] | None = None) -> Any:
         import duckdb
 
-        try:
-            return duckdb.connect(self.path, read_only=read_only)
-        except duckdb.Error as error:
-            raise LoadError(f"{self.path}: cannot open the DuckDB file ({first_line(error)})") from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                return duckdb.connect(path, read_only=read_only, config=config or {})
+            except duckdb.Error as error:
+                # DuckDB refuses a file another process holds ("Could not set lock on file"): wait a turn.
+                if "lock" not in str(error).lower() or time.monotonic() > deadline:
+                    raise LoadError(f"{path}: cannot open the DuckDB file ({first_line(error)})") from None
+                time.sleep(0.1)
 
     def columns(self) -> dict[str, str] | None:
         if not Path(self.path).exists():
             return None
-        with self._connect(read_only=True) as connection:
+        with self._connect(self.path, read_only=True) as connection:
             schema, _, name = self.table.rpartition(".")
             rows = connection.execute(
                 "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ?"
@@ -62,53 +103,99 @@ class DuckDBTarget:
             ).fetchall()
         return {column: kind for column, kind in rows} or None
 
-    def marks(self, run: str, cluster: str | None, since_us: int | None, time_column: str) -> tuple[pa.Table, str]:
-        """The newest time (epoch microseconds) of each attempt's metric of this run: a local scan, free."""
-        from lossspike.sql.dialects import DUCKDB, quote_table
-
-        us = 'epoch_us("timestamp")' if time_column == "timestamp" else '"timestamp_ms" * 1000'
-        with self._connect(read_only=True) as connection:
-            marks = connection.sql(
-                f"""
-                SELECT execution_uid, name, MAX({us}) AS mark FROM {quote_table(DUCKDB, self.table)}
-                WHERE run_id = ? AND cluster IS NOT DISTINCT FROM ?
-                GROUP BY execution_uid, name
-                """,
-                params=[run, cluster],
-            ).to_arrow_table()
-        return marks, ""
-
-    def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> int:
-        # One INSERT over a reader: the sink commits all of it or, on any error, none.
-        existed = Path(self.path).exists()
+    def write(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema, scope: Scope) -> int:
+        """One INSERT of the rows whose identity the table lacks: all of them or, on any error, none."""
+        if Path(self.path).exists():
+            return self._insert(self.path, batches, schema, scope)
+        # A new file: built beside the path, then hard-linked to it, which fails if another load
+        # created the path meanwhile (Created: that load's file is never touched).
+        directory, name = os.path.split(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise LoadError(f"{self.path}: cannot create the DuckDB file (no directory {directory})")
+        building = os.path.join(directory, f".{name}.{os.getpid()}.{time.time_ns()}.loading")
         try:
-            return self._sink.write_arrow(
-                pa.RecordBatchReader.from_batches(schema, batches), memory_limit=DUCKDB_MEMORY
-            )
-        except BaseException:
-            if not existed:
-                # The file the failed load opened holds nothing: leave no file behind either.
-                for leftover in (self.path, f"{self.path}.wal"):
-                    Path(leftover).unlink(missing_ok=True)
-            raise
+            written = self._insert(building, batches, schema, scope)
+            try:
+                os.link(building, self.path)
+            except FileExistsError:
+                raise Created from None
+            except OSError:
+                # A file system without hard links: a rename, which would replace a file another
+                # load created in between, so only onto a path still free.
+                if os.path.exists(self.path):
+                    raise Created from None
+                os.replace(building, self.path)
+        finally:
+            for leftover in (building, f"{building}.wal"):
+                Path(leftover).unlink(missing_ok=True)
+        return written
+
+    def _insert(self, path: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema, scope: Scope) -> int:
+        from lossspike.publish import DUCKDB_COLUMNS
+
+        names = ", ".join(f'"{field.name}"' for field in schema)
+        with self._connect(path, read_only=False, config={"memory_limit": DUCKDB_MEMORY}) as connection:
+            connection.begin()
+            columns = ", ".join(f'"{column}" {kind}' for column, kind in DUCKDB_COLUMNS.items())
+            # A missing table is made in the sink's columns and commits with the rows (none on failure).
+            connection.execute(f"CREATE TABLE IF NOT EXISTS {self._quoted} ({columns})")
+            connection.register("lossspike_load_rows", pa.RecordBatchReader.from_batches(schema, batches))
+            held = connection.execute(
+                f"SELECT COUNT(*) FROM {self._quoted} WHERE run_id = ? AND COALESCE(cluster, '') = ?",
+                [scope.run, scope.cluster or ""],
+            ).fetchone()
+            query = f"INSERT INTO {self._quoted} ({names}) SELECT {names} FROM lossspike_load_rows AS r"
+            params: list[Any] = []
+            if held and held[0]:
+                # An anti-join on the row identity against the table's rows of this run and cluster.
+                stamp = f'"{scope.time_column}"'
+                step = " AND e.step IS NOT DISTINCT FROM r.step" if "step" in schema.names else ""
+                query += (
+                    f" WHERE NOT EXISTS (SELECT 1 FROM {self._quoted} AS e"
+                    " WHERE e.run_id = ? AND COALESCE(e.cluster, '') = ? AND e.execution_uid = r.execution_uid"
+                    f" AND e.name = r.name AND e.{stamp} = r.{stamp}{step})"
+                )
+                params = [scope.run, scope.cluster or ""]
+            inserted = connection.execute(query, params).fetchone()
+            connection.commit()
+        return int(inserted[0]) if inserted else 0
+
+    def forget(self, run: str, cluster: str | None, name: str, attempt: str | None) -> dict[str, int]:
+        """Delete a run's rows of one metric name (of one attempt) in one transaction; rows deleted per attempt."""
+        if self.columns() is None:
+            raise LoadError(f"{self.description}: no such table")
+        where = "run_id = ? AND COALESCE(cluster, '') = ? AND name = ?" + (" AND execution_uid = ?" if attempt else "")
+        params = [run, cluster or "", name] + ([attempt] if attempt else [])
+        with self._connect(self.path, read_only=False) as connection:
+            connection.begin()
+            counts = connection.execute(
+                f"SELECT execution_uid, COUNT(*) FROM {self._quoted} WHERE {where} GROUP BY 1 ORDER BY 1", params
+            ).fetchall()
+            connection.execute(f"DELETE FROM {self._quoted} WHERE {where}", params)
+            connection.commit()
+        return {str(uid): int(number) for uid, number in counts}
 
 
-def after_marks(batch: pa.RecordBatch, marks: Mapping[tuple[str, str], int]) -> pa.RecordBatch:
-    """The rows of `batch` later than the table's newest row of their attempt and metric."""
-    if not marks:
+def identities(batch: pa.RecordBatch, time_column: str) -> pa.Table:
+    """A shaped batch's row identities (IDENTITY's columns), with each row's index in `row`."""
+    stamp = batch.column(time_column)
+    if pa.types.is_timestamp(stamp.type):
+        stamp = stamp.cast(pa.int64())
+    rows = batch.num_rows
+    step = batch.column("step").fill_null(NO_STEP) if "step" in batch.schema.names else pa.repeat(NO_STEP, rows)
+    return pa.table(
+        [batch.column("execution_uid"), batch.column("name"), stamp, step, pa.array(range(rows), pa.int64())],
+        names=[*IDENTITY.names, "row"],
+    )
+
+
+def not_present(batch: pa.RecordBatch, present: pa.Table, time_column: str) -> pa.RecordBatch:
+    """The rows of a shaped batch whose identity `present` (a table of IDENTITY) lacks, in their order."""
+    if not present.num_rows or not batch.num_rows:
         return batch
-    pairs = pa.Table.from_batches([batch]).group_by(["attempt", "name"]).aggregate([])
-    keep = None
-    for attempt, name in zip(pairs.column("attempt").to_pylist(), pairs.column("name").to_pylist(), strict=True):
-        mark = marks.get((attempt, name))
-        if mark is None:
-            continue
-        old = pc.and_(
-            pc.and_(pc.equal(batch.column("attempt"), attempt), pc.equal(batch.column("name"), name)),
-            pc.less_equal(batch.column("ts"), mark),
-        )
-        keep = pc.invert(old) if keep is None else pc.and_(keep, pc.invert(old))
-    return batch if keep is None else batch.filter(keep)
+    kept = identities(batch, time_column).join(present, keys=IDENTITY.names, join_type="left anti")
+    rows = kept.column("row").combine_chunks()
+    return batch.take(pc.take(rows, pc.sort_indices(rows)))
 
 
 def target_schema(columns: Mapping[str, str]) -> pa.Schema:
