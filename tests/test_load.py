@@ -227,7 +227,8 @@ def bad(tmp_path: Path, name: str, text: str) -> Path:
         ("words.csv", "timestamp,loss\n2026-11-02T09:00:00Z,2.0\n2026-11-02T09:00:10Z,high\n", "high"),
         ("back.csv", "timestamp,loss\n2026-11-02T09:00:10Z,2.0\n2026-11-02T09:00:00Z,2.1\n", "line 3"),
         ("bad_time.csv", "timestamp,loss\nyesterday,2.0\n", "yesterday"),
-        ("relative.csv", "seconds,loss\n0,2.0\n10,2.1\n", "--start"),
+        # The run's own start, not a date of ours to copy (issue 44).
+        ("relative.csv", "seconds,loss\n0,2.0\n10,2.1\n", "give the run's own start as --start"),
         ("history.txt", "timestamp,loss\n", "unknown format"),
         ("broken.parquet", "PAR1 not really", "not a Parquet file"),
         ("broken.jsonl", '{"_timestamp": 1.7e9, "loss": 2}\n{"_timestamp": \n', "line 2"),

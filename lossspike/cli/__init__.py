@@ -71,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 1
     except KeyboardInterrupt:
+        # One line, as for every other stop: a DuckDB load's INSERT rolls back; what a BigQuery load
+        # appended before is kept, and the same load run again writes the rest.
+        sys.stderr.write("lossspike: interrupted\n")
         return 130
     except OSError as error:
         # A full disk, a read-only file system, a missing directory: the OS said why.

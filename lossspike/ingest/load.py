@@ -198,6 +198,9 @@ def _load(
     fixed = {"run_id": run, "cluster": cluster, "service": selection.service or SERVICE}
     schema = target_schema(shape_columns)
     failure: list[LoadError] = []
+    # Ctrl-C while a source is read: the engine reports it as its own error, which must not read
+    # as a failed write.
+    interrupted: list[bool] = []
     end: list[pa.RecordBatch] = []
 
     def fresh() -> Iterator[pa.RecordBatch]:
@@ -206,6 +209,9 @@ def _load(
                 yield shaped(batch, schema, fixed, shape)
         except LoadError as error:
             failure.append(error)
+            raise
+        except KeyboardInterrupt:
+            interrupted.append(True)
             raise
         end.extend(_end_rows(tally, ended))
         for batch in end:
@@ -219,6 +225,8 @@ def _load(
     except (LoadError, Created):
         raise
     except Exception as error:  # noqa: BLE001 - a source's error surfaces through the sink's reader
+        if interrupted:
+            raise KeyboardInterrupt from None
         if failure:
             raise failure[0] from None
         raise LoadError(f"writing to {target.description} failed: {first_line(error)}") from None

@@ -73,8 +73,9 @@ def epoch_us(
     if kind == "relative":
         if start_us is None:
             raise LoadError(
-                f"{path}: the time column holds seconds since the run began; give the first row's time with"
-                " --start 2026-01-05T00:00:00Z"
+                f"{path}: the time column holds seconds since the run began and no wall time: give the run's"
+                " own start as --start (RFC 3339, the instant of its first row, e.g. the start time on its W&B"
+                " run page), or export a wall-time column such as _timestamp with it"
             )
         seconds = _numbers(array, path, where)
         return _checked(start_us + seconds * 1e6, seconds, path, where, "seconds after --start")
