@@ -402,6 +402,8 @@ class Publisher:
     def _take(self) -> list[Row]:
         """The next batch from the queue, counted as in flight under the lock and made Rows outside it."""
         with self._lock:
+            if self._settled:  # finish() or the exit has counted what was left: nothing more goes out
+                return []
             queue = self._queue
             taken = [queue.popleft() for _ in range(min(self._batch_rows, len(queue)))]
             self._in_flight = len(taken)
@@ -457,7 +459,7 @@ class Publisher:
             if not self._batch:
                 if self._settled:
                     return
-                self._batch = self._take()
+                self._batch = self._take()  # empty once settled, and the loop ends below
                 attempts, backoff = 0, 0.0
             if self._batch:
                 attempts += 1
