@@ -46,8 +46,10 @@ SLOW_SECONDS = 1.0
 FINISH_TIMEOUT = 2.0
 # The worst log() call the loop may feel under any fault (issue 46): a stall past this is a bug.
 MAX_LOG_MS = 50.0
-# Calls whose rows bytes_per_queued_row() holds: 42,000 rows, under the queue's cap so none drop.
+# Calls whose rows queued_row_costs() holds: 42,000 rows, under the queue's cap so none drop.
 MEASURED_CALLS = 2_000
+# Full collections timed with and without those rows queued: the median is the scheduler's least.
+COLLECTIONS = 5
 
 
 class RaisingSink:
@@ -193,8 +195,19 @@ def run(scenario: str, calls: int, directory: str) -> dict[str, float]:
     }
 
 
-def bytes_per_queued_row() -> float:
-    """What one queued row holds in memory: tracemalloc's growth over MEASURED_CALLS log() calls, per row.
+def full_collection_cpu_ms() -> float:
+    """The CPU time of one full collection (gc.collect()), the median of COLLECTIONS."""
+    spent = []
+    for _ in range(COLLECTIONS):
+        started = time.thread_time()
+        gc.collect()
+        spent.append(time.thread_time() - started)
+    return float(np.median(spent)) * 1e3
+
+
+def queued_row_costs() -> dict[str, float]:
+    """What one queued row holds in memory (tracemalloc's growth over MEASURED_CALLS log() calls, per
+    row), and what the queued rows add to a full collection's CPU time (with them, then without).
 
     No flusher (start_thread=False), so every row stays queued; the inputs are built first, so
     only what log() keeps is counted (a Python float value is shared with the caller's dict).
@@ -211,7 +224,11 @@ def bytes_per_queued_row() -> float:
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return held / (len(publisher._queue) - queued)
+    rows = len(publisher._queue) - queued
+    del inputs
+    with_rows = full_collection_cpu_ms()
+    publisher._queue.clear()
+    return {"bytes": held / rows, "rows": rows, "gc_with_ms": with_rows, "gc_without_ms": full_collection_cpu_ms()}
 
 
 def main() -> None:
@@ -221,7 +238,7 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp")
     args = parser.parse_args()
     if args.one == "row_bytes":
-        print(json.dumps(bytes_per_queued_row()))
+        print(json.dumps(queued_row_costs()))
         return
     if args.one:
         print(json.dumps(run(args.one, args.calls, args.dir)))
@@ -238,7 +255,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         for scenario in SCENARIOS:
             results[scenario] = child("--one", scenario, "--calls", str(args.calls), "--dir", directory)
-    row_bytes = child("--one", "row_bytes")
+    costs: dict = child("--one", "row_bytes")  # type: ignore[assignment]
     floor = results["floor"]
     rows = args.calls * METRICS
     print(
@@ -258,8 +275,12 @@ def main() -> None:
             f"| {r['p50_ms'] / floor['p50_ms']:.1f}x | {r['cpu_p99_ms'] / floor['cpu_p99_ms']:.1f}x "
             f"| {r['queue_rows']:,} | {r['rss_mib']:.1f} | {r['finish_s']:.2f} | {'yes' if r['counted'] else 'NO'} |"
         )
-    full = row_bytes * MAX_QUEUE_ROWS / 2**20
-    print(f"bytes a queued row holds: {row_bytes:.0f} (a full queue of {MAX_QUEUE_ROWS:,}: {full:.1f} MiB)")
+    full = costs["bytes"] * MAX_QUEUE_ROWS / 2**20
+    print(f"bytes a queued row holds: {costs['bytes']:.0f} (a full queue of {MAX_QUEUE_ROWS:,}: {full:.1f} MiB)")
+    print(
+        f"a full collection's CPU time with {costs['rows']:,} rows queued: {costs['gc_with_ms']:.2f} ms, "
+        f"without them {costs['gc_without_ms']:.2f} ms (median of {COLLECTIONS})"
+    )
 
 
 if __name__ == "__main__":
