@@ -147,3 +147,45 @@ def test_two_publishers_with_hung_sinks_exit_within_one_bound(tmp_path: Path) ->
     for run in ("hero-0", "hero-1"):
         said = re.search(rf"\(run {run}\): rows dropped: (\d+) unflushed at exit", done.stderr)
         assert said and int(said.group(1)) >= 1, done.stderr[-2000:]
+
+
+MANY_HUNG_CLOSES = """
+import threading, time
+from lossspike.publish import Publisher
+
+class HungClose:
+    def __init__(self):
+        self.written = threading.Event()
+
+    def write(self, rows):
+        self.written.set()
+
+    def close(self):
+        threading.Event().wait()  # never returns
+
+sinks = [HungClose() for _ in range(PUBLISHERS)]
+publishers = [Publisher(sink, f"hero-{index}") for index, sink in enumerate(sinks)]
+for publisher in publishers:
+    publisher.log({"train/loss": 2.0}, step=1)
+for sink in sinks:
+    assert sink.written.wait(30)
+print(time.monotonic(), flush=True)  # the script's last line: the exit's bound starts here
+"""
+# Enough publishers that a wait of CLOSE_SECONDS each for its close(), on top of the shared bound,
+# would pass the bound by more than the teardown's slack (12 x 0.5 s).
+MANY_PUBLISHERS = 12
+
+
+def test_many_publishers_whose_close_hangs_exit_within_one_bound(tmp_path: Path) -> None:
+    """At exit the unfinished publishers' flushes and sink closes all fit in the one shared 5 s + 2 s bound:
+    twelve publishers whose close() never returns do not each add a wait of their own past it."""
+    script = tmp_path / "many.py"
+    script.write_text(MANY_HUNG_CLOSES.replace("PUBLISHERS", str(MANY_PUBLISHERS)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    ended = time.monotonic()
+    assert done.returncode == 0, done.stderr[-2000:]
+    exit_s = ended - float(done.stdout.strip().splitlines()[-1])
+    bound = EXIT_FLUSH_SECONDS + EXIT_WRITE_GRACE_SECONDS
+    assert exit_s < bound + 3.0, f"exit took {exit_s:.1f} s, the bound is {bound} s"
