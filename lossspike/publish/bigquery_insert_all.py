@@ -40,6 +40,9 @@ class BigQueryInsertAllSink:
     """
 
     def __init__(self, table: str, client: Any = None, timeout_s: float = 10.0) -> None:
+        # Retry is imported now, not in the flusher at the first write: loading a library there holds the
+        # GIL in long stretches, and log() waits (issue 46).
+        from google.api_core.retry import Retry  # noqa: F401
         from google.cloud import bigquery
 
         self.table = table

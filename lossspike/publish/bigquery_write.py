@@ -23,6 +23,11 @@ class BigQueryWriteSink:
         project, dataset, name = table.split(".")
         self.table = table
         self._stream = f"projects/{project}/datasets/{dataset}/tables/{name}/streams/_default"
+        # Imported now, in the thread that builds the publisher, not in the flusher at the first write:
+        # loading these libraries holds the GIL for tens of ms at a time, and log() would wait (issue 46).
+        import pyarrow  # noqa: F401
+        from google.cloud.bigquery_storage_v1 import types  # noqa: F401
+
         if client is None:
             from google.cloud import bigquery_storage_v1
 

@@ -24,6 +24,7 @@ class Counts:
     dropped_log_failed: int = 0
     dropped_at_finish: int = 0
     dropped_at_exit: int = 0
+    dropped_flusher_error: int = 0
     steps_dropped: int = 0
     sink_errors: int = 0
 
@@ -44,4 +45,5 @@ class Counts:
             + self.dropped_refused
             + self.dropped_at_finish
             + self.dropped_at_exit
+            + self.dropped_flusher_error
         )

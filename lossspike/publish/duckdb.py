@@ -26,6 +26,10 @@ class DuckDBSink:
         # Publisher's: the exit flush must run while DuckDB still takes queries.
         import duckdb  # noqa: F401
 
+        # pyarrow too (each batch goes in as an Arrow table): imported in the flusher at the first write,
+        # its ~160 ms of loading holds the GIL in stretches of tens of ms, and log() waits (issue 46).
+        import pyarrow  # noqa: F401
+
         from lossspike.sql.dialects import DUCKDB, quote_table
 
         self.path = os.fspath(path)

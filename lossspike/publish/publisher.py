@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,6 +62,10 @@ EXIT_FLUSH_SECONDS = 5.0
 # ...and then this long for the write in flight to return: a thread still inside DuckDB at teardown aborts.
 EXIT_WRITE_GRACE_SECONDS = 2.0
 
+# Metric keys whose table name a publisher remembers: a run logs a few dozen, so each name is computed and
+# stored once; a loop inventing keys every step stops filling the cache here instead of growing it.
+MAX_CACHED_NAMES = 4_096
+
 # Environment variables that carry a run's identity when no argument does.
 ENV_RUN_ID = "LOSSSPIKE_RUN_ID"
 ENV_JOB_ID = "LOSSSPIKE_JOB_ID"
@@ -69,6 +73,13 @@ ENV_EXECUTION_UID = "LOSSSPIKE_EXECUTION_UID"
 ENV_CLUSTER = "LOSSSPIKE_CLUSTER"
 ENV_PROCESS_INDEX = "LOSSSPIKE_PROCESS_INDEX"
 ENV_NAMES = (ENV_RUN_ID, ENV_JOB_ID, ENV_EXECUTION_UID, ENV_CLUSTER, ENV_PROCESS_INDEX)
+
+
+# A queued row: (timestamp, name, value, step), the rest of a Row being the publisher's identity. Its
+# items are all atomic (a datetime, a str, a float, an int or None), so CPython's collector untracks the
+# tuple at its first collection: a full queue adds nothing to any collection's work (issue 46's stall),
+# and it holds about a third of what a Row does (benchmarks/publish_bench.py prints the bytes).
+_Queued = tuple[datetime, str, float, int | None]
 
 
 def _env(name: str) -> str | None:
@@ -114,6 +125,7 @@ _CAUSES = {
     "dropped_log_failed": "in log() calls that failed",
     "dropped_at_finish": "unflushed at finish()",
     "dropped_at_exit": "unflushed at exit",
+    "dropped_flusher_error": "in hand when the publisher's own thread failed",
 }
 
 
@@ -175,11 +187,14 @@ class Publisher:
         self._batch_rows = batch_rows
         self._heartbeat_s = heartbeat_s
         self._flush_interval_s = flush_interval_s
-        self._queue: collections.deque[Row] = collections.deque(maxlen=max_queue_rows)
+        self._queue: collections.deque[_Queued] = collections.deque(maxlen=max_queue_rows)
+        # Each metric key's table name, computed once (and the one str every row of that name shares).
+        self._names: dict[str, str] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
-        # Rows the flusher holds (taken from the queue, neither written nor dropped yet).
+        # Rows the flusher holds (taken from the queue, neither written nor dropped yet): what a fault in the
+        # flusher itself costs, counted as dropped_flusher_error.
         self._in_flight = 0
         self._batch: list[Row] = []
         self._stopping = False
@@ -230,9 +245,10 @@ class Publisher:
         bad_step = row_step is BAD_STEP
         if bad_step:
             row_step = None
-        rows: list[Row] = []
+        rows: list[_Queued] = []
         lost: dict[str, int] = {}
         loss = False
+        names = self._names
         for index, (key, raw) in enumerate(metrics.items()):
             if index >= MAX_METRICS_PER_LOG:
                 lost["dropped_too_many"] = len(metrics) - MAX_METRICS_PER_LOG
@@ -244,9 +260,13 @@ class Publisher:
             if type(value) is str:
                 lost[value] = lost.get(value, 0) + 1
                 continue
-            name = metric_name(key)
+            name = names.get(key)
+            if name is None:
+                name = metric_name(key)
+                if len(names) < MAX_CACHED_NAMES:
+                    names[key] = name
             loss = loss or name == LOSS_NAME
-            rows.append(self._row(now, name, value, row_step))
+            rows.append((now, name, value, row_step))
         with self._lock:
             if row_step is not None:
                 self._step = row_step
@@ -319,10 +339,12 @@ class Publisher:
         with self._lock:
             left = len(self._queue) + self._in_flight
             setattr(self.counts, cause, getattr(self.counts, cause) + left)
-            self._queue.clear()
+            # Swapped, not cleared: the rows are freed below, after the lock, so a log() never waits on that.
+            dropped, self._queue = self._queue, collections.deque(maxlen=self._queue.maxlen)
             self._in_flight = 0
             self._settled = True
             self._result = self.counts.unsent() == 0
+        dropped.clear()
 
     def _close(self, deadline: float) -> None:
         """Close the sink in a thread of its own, waiting for it until `deadline` (CLOSE_SECONDS at least)."""
@@ -359,28 +381,33 @@ class Publisher:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _row(self, now: datetime, name: str, value: float, step: int | None) -> Row:
-        return Row(
-            timestamp=now,
-            service=SERVICE,
-            name=name,
-            value=value,
-            cluster=self.cluster,
-            run_id=self.run_id,
-            job_id=self.job_id,
-            execution_uid=self.execution_uid,
-            process_index=self.process_index,
-            step=step,
-        )
+    def _rows(self, queued: list[_Queued]) -> list[Row]:
+        """The sink's Rows of queued tuples: built by the flusher a batch at a time, outside the lock."""
+        cluster, run_id, job_id, execution_uid = self.cluster, self.run_id, self.job_id, self.execution_uid
+        process_index = self.process_index
+        return [
+            Row(now, SERVICE, name, value, cluster, run_id, job_id, execution_uid, process_index, step)
+            for now, name, value, step in queued
+        ]
 
-    def _enqueue(self, rows: Iterable[Row]) -> None:
+    def _enqueue(self, rows: list[_Queued]) -> None:
         with self._lock:
-            for row in rows:
-                if len(self._queue) == self._queue.maxlen:
-                    self.counts.dropped_queue_full += 1
-                self._queue.append(row)
+            queue = self._queue
+            # deque(maxlen) drops from the left as the new rows go in on the right: the oldest go.
+            self.counts.dropped_queue_full += max(0, len(queue) + len(rows) - (queue.maxlen or 0))
+            queue.extend(rows)
             self._wake.notify_all()
         self._report()
+
+    def _take(self) -> list[Row]:
+        """The next batch from the queue, counted as in flight under the lock and made Rows outside it."""
+        with self._lock:
+            if self._settled:  # finish() or the exit has counted what was left: nothing more goes out
+                return []
+            queue = self._queue
+            taken = [queue.popleft() for _ in range(min(self._batch_rows, len(queue)))]
+            self._in_flight = len(taken)
+        return self._rows(taken)
 
     def _set_phase(self, phase: TrainingPhase, force: bool = False) -> None:
         """Write a phase row on a change (a repeat is the heartbeat's job), or always with `force`."""
@@ -389,23 +416,32 @@ class Publisher:
                 return
             self._phase = phase
             step = self._step
-        self._enqueue([self._row(self._clock(), "phase", float(phase), step)])
+        self._enqueue([(self._clock(), "phase", float(phase), step)])
 
     def heartbeat(self) -> None:
         """Republish the current phase (the background thread calls this every `heartbeat_s`)."""
         with self._lock:
             phase, step = self._phase, self._step
         if phase is not None and phase is not TrainingPhase.FINISHED and not self._finished:
-            self._enqueue([self._row(self._clock(), "phase", float(phase), step)])
+            self._enqueue([(self._clock(), "phase", float(phase), step)])
 
     def _run(self) -> None:
-        """The flusher thread: whatever a sink (or a bug here) raises, it goes on with the next batch."""
+        """The flusher thread: whatever a sink (or a bug here) raises, it goes on with the next batch.
+
+        A fault outside the sink call (batching, counting, reporting) costs the rows in hand, counted
+        as dropped_flusher_error, never the rows behind them.
+        """
         while True:
             try:
                 self._flush_loop()
                 return
             except BaseException as error:  # noqa: BLE001 - nothing may end publishing for the rest of the run
-                self._announce(error, "the publisher's flusher")
+                try:
+                    self._batch = []
+                    self._settle(self._in_flight, "dropped_flusher_error")
+                    self._announce(error, "the publisher's flusher")
+                except BaseException:  # noqa: BLE001, S110 - a fault while counting a fault must not end the thread
+                    pass
                 if self._stopping and time.monotonic() >= self._deadline:
                     return
                 self._stop.wait(self._flush_interval_s)
@@ -421,11 +457,9 @@ class Publisher:
             if self._stopping and time.monotonic() >= self._deadline:
                 return
             if not self._batch:
-                with self._lock:
-                    if self._settled:
-                        return
-                    self._batch = [self._queue.popleft() for _ in range(min(self._batch_rows, len(self._queue)))]
-                    self._in_flight = len(self._batch)
+                if self._settled:
+                    return
+                self._batch = self._take()  # empty once settled, and the loop ends below
                 attempts, backoff = 0, 0.0
             if self._batch:
                 attempts += 1
@@ -509,9 +543,7 @@ class Publisher:
 
     def _drain_inline(self, deadline: float) -> None:
         while time.monotonic() < deadline:
-            with self._lock:
-                batch = [self._queue.popleft() for _ in range(min(self._batch_rows, len(self._queue)))]
-                self._in_flight = len(batch)
+            batch = self._take()
             if not batch:
                 return
             self._write(batch, final=True)
