@@ -150,7 +150,7 @@ def test_plot_without_matplotlib_says_how_to_install(demo_db, tmp_path):
         str(tmp_path / "x.png"),
         env={"PYTHONPATH": str(fake)},
     )
-    one_line_error(result, "matplotlib", "lossspike[plot]")
+    one_line_error(result, "matplotlib", "pip install '.[plot]' in the lossspike clone")
     assert not (tmp_path / "x.png").exists()
 
 

@@ -4,7 +4,7 @@ The raw samples, then at every tick of a backtest: the baseline reference, the
 band the recent floor must clear, the recent floor itself, level_shift's
 trend-aware baseline and limit (when the detector is on), the alert episodes
 shaded by reason, and the run-health checks' episodes as a strip along the bottom.
-matplotlib is an optional extra (`lossspike[plot]`), imported only here and only
+matplotlib is an optional extra (`pip install '.[plot]'` in the clone), imported only here and only
 when a plot is drawn.
 """
 
@@ -74,7 +74,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise BacktestError("plotting needs matplotlib: pip install 'lossspike[plot]'") from None
+        raise BacktestError("plotting needs matplotlib: pip install '.[plot]' in the lossspike clone") from None
     matplotlib.use("Agg")
     from matplotlib import pyplot
 

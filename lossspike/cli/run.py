@@ -113,7 +113,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         "   # the last day replayed: pages (loss reasons, page checks) and notices\n"
         f"  lossspike plot hero-yi-34b --database {path} --end {format_rfc3339(now)} -o yi.png"
         "   # level_shift's trend-aware band, check episodes\n"
-        "  (plot draws with matplotlib: pip install 'lossspike[plot]')\n"
+        "  (plot draws with matplotlib: pip install '.[plot]' in the lossspike clone)\n"
     )
     return 0
 

@@ -50,7 +50,7 @@ def read_events(
     except ImportError as error:
         raise LoadError(
             f"{source.path}: reading TensorBoard files needs the tensorboard package ({error});"
-            " install it with: pip install 'lossspike[load]'"
+            " install it with: pip install '.[load]' in the lossspike clone"
         ) from None
     path = source.path
     attempt = source.attempt or run

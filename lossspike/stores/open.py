@@ -18,7 +18,8 @@ def open_store(settings: Settings, read_only: bool = False) -> Store:
             from lossspike.stores.bigquery import BigQueryStore
         except ImportError as error:
             raise StoreError(
-                f"the bigquery backend is unavailable ({error}); install it with: pip install 'lossspike[cloud]'"
+                f"the bigquery backend is unavailable ({error});"
+                " install it with: pip install '.[cloud]' in the lossspike clone"
             ) from None
         return BigQueryStore(settings)
     from lossspike.stores.duckdb import DuckDBStore
