@@ -16,6 +16,9 @@ import pyarrow as pa
 ALERTS_SCHEMA_PATH = Path(__file__).parent.parent / "alerts_schema.json"
 ALERTS_SCHEMA: list[dict[str, str]] = json.loads(ALERTS_SCHEMA_PATH.read_text())
 ALERT_COLUMNS = tuple(column["name"] for column in ALERTS_SCHEMA)
+# Where to go back (SPEC.md): NULL on a row that does not page, so a row made without them (the
+# fleet row, a judge that knows no onset) is written with NULLs rather than refused.
+GO_BACK_COLUMNS = ("onset_at", "last_good_at", "last_good_step")
 
 # The telemetry columns the query reads, with their DuckDB types (SPEC.md).
 TELEMETRY_COLUMNS = {
@@ -222,6 +225,14 @@ def telemetry_table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns}\n)"
 
 
+def with_go_back(row: dict) -> dict:
+    """`row` with the where-to-go-back columns it lacks set to None (NULL)."""
+    if all(name in row for name in GO_BACK_COLUMNS):
+        return row
+    return {**dict.fromkeys(GO_BACK_COLUMNS), **row}
+
+
 def alerts_to_arrow(rows: list[dict]) -> pa.Table:
     """The alert rows as an Arrow table in schema order."""
+    rows = [with_go_back(row) for row in rows]
     return pa.Table.from_pylist([{k: row[k] for k in ALERT_COLUMNS} for row in rows], schema=ALERTS_ARROW_SCHEMA)

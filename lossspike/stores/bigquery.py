@@ -33,6 +33,7 @@ from lossspike.base.schema import (
     missing_telemetry_columns,
     telemetry_shape,
     telemetry_type_problem,
+    with_go_back,
 )
 from lossspike.config.override_tables import overrides_select, overrides_table_name
 from lossspike.config.overrides import (
@@ -45,7 +46,7 @@ from lossspike.config.settings import Settings
 from lossspike.sql.dialects import BIGQUERY, Query
 from lossspike.sql.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
 from lossspike.sql.tick import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
-from lossspike.sql.write import append_sql, write_script
+from lossspike.sql.write import add_columns_script, append_sql, write_script
 from lossspike.stores.store import TickRead
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
@@ -110,7 +111,7 @@ def _rows_parameter(rows: list[dict[str, Any]]) -> bigquery.ArrayQueryParameter:
                 for c in ALERTS_SCHEMA
             ),
         )
-        for row in rows
+        for row in map(with_go_back, rows)
     ]
     return bigquery.ArrayQueryParameter("rows", "STRUCT", structs)
 
@@ -149,6 +150,8 @@ class BigQueryStore:
         self._overrides: tuple[Any, datetime | None, list[OverrideRow]] = (None, None, [])
         self._overrides_seen: tuple[Any, datetime | None] = (None, None)
         self._overrides_version: Any = None
+        # Whether this store has seen the alerts table hold every column it writes (checked once).
+        self._alerts_upgraded = False
 
     def close(self) -> None:
         self.client.close()
@@ -372,6 +375,7 @@ class BigQueryStore:
         """
         now = rows[0]["evaluated_at"]
         table = self.settings.alerts_table
+        self._upgrade_alerts(deadline)
         for start in range(0, len(rows), MAX_ROWS_PER_WRITE):
             chunk = rows[start : start + MAX_ROWS_PER_WRITE]
             sql = write_script(table, ALERT_COLUMNS) if start == 0 else append_sql(table, ALERT_COLUMNS)
@@ -384,6 +388,39 @@ class BigQueryStore:
                 )
                 raise StoreError(f"writing {table} failed{written}: {_one_line(error)}") from error
         return len(rows)
+
+    def _upgrade_alerts(self, deadline: Deadline | None) -> None:
+        """Give an alerts table made by an earlier release the NULLABLE columns it lacks, keeping its rows.
+
+        Once per store: the schema is metadata (free), and the function deployed by the same
+        `terraform apply` that adds the columns may tick before the table's update lands. Adding
+        NULLABLE columns is an in-place schema change BigQuery allows, old rows reading NULL
+        (https://cloud.google.com/bigquery/docs/managing-table-schemas); the writer's
+        roles/bigquery.dataEditor holds bigquery.tables.update, which it needs
+        (https://cloud.google.com/bigquery/docs/managing-views). A missing table or REQUIRED
+        column is left to the write, which names it.
+        """
+        if self._alerts_upgraded:
+            return
+        table = self.settings.alerts_table
+        try:
+            schema = self.client.get_table(table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS).schema
+        except NotFound:
+            return
+        except _FAILURES as error:
+            raise StoreError(f"writing {table} failed: cannot read its schema: {_one_line(error)}") from error
+        present = {field.name for field in schema}
+        missing = [c for c in ALERTS_SCHEMA if c["name"] not in present and c["mode"] == "NULLABLE"]
+        if missing:
+            try:
+                self._run(add_columns_script(table, missing), [], "write", deadline)
+            except _FAILURES as error:
+                names = ", ".join(c["name"] for c in missing)
+                raise StoreError(
+                    f"writing {table} failed: adding the column(s) this release writes ({names}) failed"
+                    f" (terraform apply adds them too): {_one_line(error)}"
+                ) from error
+        self._alerts_upgraded = True
 
 
 def _reason(error: BaseException) -> str:
