@@ -8,7 +8,8 @@ read a result without the machinery behind it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -92,6 +93,10 @@ class Episode:
     reasons: tuple[str, ...] = ()
     # "page": the run paged (loss reasons and page checks); "notify": notify checks only.
     severity: str = PAGE
+    # Where to go back, as the episode's first paging tick's row says (SPEC "Where to go back").
+    onset_at: datetime | None = None
+    last_good_at: datetime | None = None
+    last_good_step: int | None = None
 
 
 @dataclass
@@ -102,6 +107,10 @@ class Backtest:
     every_minutes: int
     thresholds: Thresholds
     runs: list[RunHistory] = field(default_factory=list)
+    # The onset, last good time and step of an episode's first paging tick (lossspike.backtest.run
+    # sets it: a page's row at that tick), asked once per episode and kept.
+    go_back: Callable[[Episode], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
+    _went_back: dict[tuple[str, str, datetime], dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def rows_at(self, tick: int) -> list[dict[str, Any]]:
         """The alert rows `evaluate` gives at ticks[tick] (needs detail=True)."""
@@ -156,7 +165,15 @@ class Backtest:
             loss = np.isin(codes, paging)
             checked = _firing(history, PAGE)
             found += self._spans(history, PAGE, loss, codes, checked)
-        return found
+        if self.go_back is None:
+            return found
+        out = []
+        for episode in found:
+            key = (episode.cluster, episode.run, episode.first_tick)
+            if key not in self._went_back:
+                self._went_back[key] = self.go_back(episode)
+            out.append(replace(episode, **self._went_back[key]))
+        return out
 
     def notices(self) -> list[Episode]:
         """Every notice: maximal runs of consecutive ticks of a run with an unsilenced `notify`

@@ -23,7 +23,8 @@ result and its episodes (lossspike.backtest.result).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,17 +35,26 @@ from lossspike.backtest.attempts import attempt_keys, choosing_seq_at, chosen_gr
 from lossspike.backtest.check_replay import CheckReplay, read_checks
 from lossspike.backtest.grid import run_grid_windows, run_grids, seed_windows, window_sum
 from lossspike.backtest.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
-from lossspike.backtest.result import Backtest, RunHistory
+from lossspike.backtest.result import Backtest, Episode, RunHistory
 from lossspike.backtest.ticks import minute_index, policies_in_force
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
-from lossspike.evaluation.evaluate import checks_in_force
+from lossspike.evaluation.evaluate import checks_in_force, judge, tick_windows
 from lossspike.judge import detectors, minutes
 from lossspike.judge.minutes import Partial
 from lossspike.judge.seed_verdicts import CODES, Verdicts, seed_verdicts
 from lossspike.rules.checks import LOSS_JUMP
 from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
-from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
+from lossspike.rules.rule import (
+    DETECTORS,
+    LEVEL_SHIFT,
+    PAGE,
+    REASONS,
+    RESUME_JUMP,
+    WINDOW_FIELDS,
+    LossWindows,
+    Thresholds,
+)
 from lossspike.sql.backtest import bucket_groups_query
 from lossspike.sql.selection import metric_names
 from lossspike.stores.store import Store
@@ -109,7 +119,7 @@ def backtest(
     checks = [checks_in_force(settings.checks, thresholds, rows) for thresholds in variants]
     check_buckets = read_checks(store, settings, ticks, checks, variants)
     names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
-    return [
+    results = [
         Backtest(
             list(ticks),
             every,
@@ -128,6 +138,35 @@ def backtest(
         )
         for thresholds, listed in zip(variants, checks, strict=True)
     ]
+    for result in results:
+        result.go_back = _going_back(store, settings, result.thresholds, overrides)
+    return results
+
+
+def _going_back(
+    store: Store, settings: Settings, thresholds: Thresholds, overrides: bool
+) -> Callable[[Episode], dict[str, Any]]:
+    """An episode's onset, last good time and step: those of the paging row `evaluate` writes for
+    its run at its first tick (a loss row that pages, else its first page check's row). One read of
+    the one run per episode, not per tick: a backtest's cost grows by its pages, and its values are
+    the tick's own by construction."""
+
+    def go_back(episode: Episode) -> dict[str, Any]:
+        one = replace(
+            settings,
+            thresholds=thresholds,
+            selection=replace(settings.selection, run_ids=(episode.run,)),
+        )
+        read = store.read_tick(one, tick_windows(one, episode.first_tick))
+        if not overrides:
+            read = replace(read, overrides=[])
+        rows = [r for r in judge(read, one, episode.first_tick) if r["cluster"] == episode.cluster]
+        paging = [r for r in rows if r.get("severity") == PAGE and r.get("value")]
+        if not paging:
+            return {}
+        return {key: paging[0].get(key) for key in ("onset_at", "last_good_at", "last_good_step")}
+
+    return go_back
 
 
 def _histories(

@@ -56,6 +56,9 @@ class TelemetryShape:
     has_seq: bool = False
     has_service: bool = True
     has_kind: bool = False
+    # Levanter's tables and the publisher's carry each row's training step; the contract's own
+    # shape has none. Read for the loss only: a page's last good step (SPEC "Where to go back").
+    has_step: bool = False
 
 
 # The contract's table (SPEC "Data contracts").
@@ -65,9 +68,13 @@ CONTRACT_SHAPE = TelemetryShape()
 SHAPES = {
     "contract": CONTRACT_SHAPE,
     # Finelog's current table: no service column, INT64 process_index, typed kind, server seq.
-    "levanter.metrics": TelemetryShape("timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True),
+    "levanter.metrics": TelemetryShape(
+        "timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True, has_step=True
+    ),
     # Its predecessor: STRING process_index, a service column, kind gauge for tracker values.
-    "telemetry_v1": TelemetryShape("timestamp_ms", "STRING", has_seq=True, has_service=True, has_kind=True),
+    "telemetry_v1": TelemetryShape(
+        "timestamp_ms", "STRING", has_seq=True, has_service=True, has_kind=True, has_step=True
+    ),
 }
 
 # The types each telemetry column may have, per backend: what the window query's
@@ -170,6 +177,7 @@ def telemetry_shape(columns: dict[str, str]) -> TelemetryShape:
         has_seq="seq" in present,
         has_service="service" in present,
         has_kind="kind" in present,
+        has_step="step" in present,
     )
 
 
