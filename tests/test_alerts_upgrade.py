@@ -128,7 +128,9 @@ def test_evaluate_on_a_database_of_an_earlier_release_keeps_its_rows(tmp_path, s
     old, new = _stored(path)
     assert {k: old[k] for k in _old_row(schema)} == _old_row(schema)
     assert (new["run"], new["reason"], new["value"]) == ("hero-a", "stalled", 1)
-    assert set(GO_BACK_COLUMNS) <= set(new)
+    # A stall's onset and last good point are its newest loss sample (SPEC.md); the contract's table has no step.
+    last = NOW - timedelta(minutes=20)
+    assert (new["onset_at"], new["last_good_at"], new["last_good_step"]) == (last, last, None)
 
 
 # --- BigQuery, through the emulator (full tier) ---

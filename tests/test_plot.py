@@ -350,7 +350,36 @@ def test_plot_reaches_back_to_a_last_good_point_before_its_first_window(tmp_path
         [axes] = figure.axes
         left, _ = axes.get_xlim()
         assert left < mdates.date2num(early)
-        [ring] = [line for line in axes.get_lines() if line.get_gid() == "last_good"]
-        assert mdates.date2num(ring.get_xdata()[0]) == mdates.date2num(early)
+        rings = [mdates.date2num(line.get_xdata()[0]) for line in axes.get_lines() if line.get_gid() == "last_good"]
+        assert mdates.date2num(early) in rings
+    finally:
+        pyplot.close(figure)
+
+
+def test_plot_marks_where_the_backtest_says_to_go_back(tmp_path):
+    """Without stand-ins: each not_finite page's onset line and last good ring sit where its backtest
+    episode says, the ring on a finite sample before the NaN, the onset not after it."""
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot
+
+    path = _two_nan_pages(tmp_path / "t.duckdb")
+    ticks = tick_times(NOW - timedelta(minutes=40), NOW)
+    settings = Settings(selection=Selection(run_ids=(NAN_RUN,)))
+    with DuckDBStore(path, read_only=True) as store:
+        [result] = backtest(store, settings, ticks, detail=True)
+    pages = result.episodes()
+    assert [p.reason for p in pages] == ["not_finite", "not_finite"]
+    figure = _figure(path, ticks)
+    try:
+        [axes] = figure.axes
+        onsets = [mdates.date2num(line.get_xdata()[0]) for line in axes.get_lines() if line.get_gid() == "onset"]
+        rings = [line for line in axes.get_lines() if line.get_gid() == "last_good"]
+        assert onsets == list(mdates.date2num([p.onset_at for p in pages]))
+        assert [mdates.date2num(r.get_xdata()[0]) for r in rings] == list(
+            mdates.date2num([p.last_good_at for p in pages])
+        )
+        for page, ring, nan in zip(pages, rings, (FIRST_NAN, SECOND_NAN), strict=True):
+            assert page.last_good_at < nan and page.onset_at <= nan
+            assert abs(float(ring.get_ydata()[0]) - 2.0) < 0.01
     finally:
         pyplot.close(figure)

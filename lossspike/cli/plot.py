@@ -353,9 +353,9 @@ def _go_back(result: Backtest, history: RunHistory) -> list[_Page]:
     for episode in result.episodes():
         if (episode.cluster, episode.run) != (history.cluster, history.run):
             continue
-        onset, last_good = getattr(episode, "onset_at", None), getattr(episode, "last_good_at", None)
+        onset, last_good = episode.onset_at, episode.last_good_at
         if onset is not None or last_good is not None:
-            pages.append((episode.first_tick, onset, last_good, getattr(episode, "last_good_step", None)))
+            pages.append((episode.first_tick, onset, last_good, episode.last_good_step))
     return pages
 
 
