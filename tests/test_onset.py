@@ -17,8 +17,10 @@ from conftest import NOW, store_with
 from incidents import falling_run, loss_row, rows_for
 from oracle import Sample
 
+from lossspike.backtest.report import report_json, report_table
 from lossspike.backtest.run import backtest
 from lossspike.backtest.ticks import tick_times
+from lossspike.base.times import format_rfc3339
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
 from lossspike.evaluation.evaluate import evaluate
@@ -131,6 +133,13 @@ def test_a_backtest_episode_carries_its_first_paging_ticks_values():
     assert want["value"] == 1
     assert {k: getattr(first, k) for k in KEYS} == {k: want[k] for k in KEYS}
     assert first.last_good_at < truth
+    # The JSON report and the text report show them (RFC 3339).
+    document = report_json([result], ["defaults"])
+    shown = document["variants"][0]["runs"][0]["episodes"][0]
+    assert shown["onset_at"] == format_rfc3339(want["onset_at"])
+    assert shown["last_good_at"] == format_rfc3339(want["last_good_at"])
+    assert shown["last_good_step"] is None
+    assert format_rfc3339(want["last_good_at"]) in report_table([result], ["defaults"])
 
 
 PYTHIA = Path(__file__).resolve().parent.parent.parent / "shared" / "real_curves"

@@ -49,6 +49,7 @@ from lossspike.rules.rule import (
     DETECTORS,
     LEVEL_SHIFT,
     PAGE,
+    PAGING_REASONS,
     REASONS,
     RESUME_JUMP,
     WINDOW_FIELDS,
@@ -152,10 +153,14 @@ def _going_back(
     the tick's own by construction."""
 
     def go_back(episode: Episode) -> dict[str, Any]:
+        # The episode's first reason names the row: a loss reason's needs no check read, a
+        # check's no other check (the evaluation loss's day-long lookback is most of a read).
+        first = episode.reasons[0] if episode.reasons else episode.reason
         one = replace(
             settings,
             thresholds=thresholds,
             selection=replace(settings.selection, run_ids=(episode.run,)),
+            checks=() if first in PAGING_REASONS else (first,),
         )
         read = store.read_tick(one, tick_windows(one, episode.first_tick))
         if not overrides:

@@ -56,8 +56,9 @@ class TelemetryShape:
     has_seq: bool = False
     has_service: bool = True
     has_kind: bool = False
-    # Levanter's tables and the publisher's carry each row's training step; the contract's own
-    # shape has none. Read for the loss only: a page's last good step (SPEC "Where to go back").
+    # levanter.metrics and the publisher's table carry each row's training step as a column (in
+    # telemetry_v1 it was a metric row of its own, levanter-telemetry-facts.md 5); the contract's
+    # own shape has none. Read for the loss only: a page's last good step (SPEC "Where to go back").
     has_step: bool = False
 
 
@@ -72,9 +73,7 @@ SHAPES = {
         "timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True, has_step=True
     ),
     # Its predecessor: STRING process_index, a service column, kind gauge for tracker values.
-    "telemetry_v1": TelemetryShape(
-        "timestamp_ms", "STRING", has_seq=True, has_service=True, has_kind=True, has_step=True
-    ),
+    "telemetry_v1": TelemetryShape("timestamp_ms", "STRING", has_seq=True, has_service=True, has_kind=True),
 }
 
 # The types each telemetry column may have, per backend: what the window query's

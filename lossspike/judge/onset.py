@@ -49,6 +49,7 @@ from lossspike.rules.rule import (
     LossWindows,
     Thresholds,
     band,
+    reference,
 )
 
 # The note a row carries when its excursion began before the longest window its reason reads:
@@ -131,23 +132,39 @@ def _run_start(marked: np.ndarray, data: np.ndarray) -> int | None:
     return int(later[0])
 
 
-def above_line(run: RunMinutes, line: np.ndarray | float) -> Onset:
-    """spiking, level_shift and loss_jump: the run of minutes whose floor is above the line."""
+def above_line(run: RunMinutes, line: np.ndarray | float, level: np.ndarray | float | None = None) -> Onset:
+    """spiking, level_shift and loss_jump: the run of minutes whose floor is above the line,
+    extended back through the minutes just before it whose floor is above the `level` the line
+    is drawn from (the reference, the trend, the baseline level). A loss that climbs (a blowup
+    rising exponentially) crosses the line minutes after it left its level; its excursion began
+    where it left the level. A minute of a run at its level has its floor, the lowest of its
+    losses, at or below the level, so the extension stops there."""
     data = run.grid.n > 0
     above = data & (run.grid.floor > line)
     start = _run_start(above, data)
     if start is None:
         return NONE
-    # Nothing at or below the line before the run in the window: it began before the window.
-    if not (data[:start] & ~above[:start]).any():
+    if level is not None:
+        risen = data & (run.grid.floor > level)
+        earlier = np.flatnonzero(data[:start])
+        for slot in earlier[::-1].tolist():
+            if not risen[slot]:
+                break
+            start = slot
+    # Nothing at or below the level before the run in the window: it began before the window.
+    if not data[:start].any():
         return Onset(run.at(0), None, None, True)
     return Onset(run.at(start), *last_good(run, start, line))
 
 
 def not_finite(run: RunMinutes) -> Onset:
-    """The first minute of the newest unbroken run of minutes holding a non-finite loss."""
-    data = run.samples > 0
-    start = _run_start(run.not_finite > 0, data)
+    """The first minute of the newest unbroken run of minutes holding a non-finite loss (the
+    newest such run: the loss may have turned finite again since, within the recent window)."""
+    bad = run.not_finite > 0
+    if not bad.any():
+        return NONE
+    data = (run.samples > 0) & (np.arange(len(bad)) <= np.flatnonzero(bad)[-1])
+    start = _run_start(bad, data)
     if start is None:
         return NONE
     return Onset(run.at(start), *last_good(run, start))
@@ -225,11 +242,11 @@ def resume_jump(run: RunMinutes, previous: RunMinutes, limit: float) -> Onset:
     return Onset(run.at(first), *last_good(previous, first, limit if np.isfinite(limit) else None))
 
 
-def level_shift_line(grid: Partial, width: int, min_rise: float, sigma: float) -> np.ndarray:
-    """level_shift's line per minute: the baseline's trend plus the limit, as the detector draws it."""
+def level_shift_line(grid: Partial, width: int, min_rise: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """level_shift's trend and line per minute (the trend plus the limit), as the detector draws them."""
     baseline = shift_baseline(Partial(*(f[None, :] for f in grid)), np.array([width]))
     limit = max(min_rise, sigma * float(baseline.noise[0]))
-    return baseline.trend[0] + limit
+    return baseline.trend[0], baseline.trend[0] + limit
 
 
 def run_minutes(runs: TickRuns, i: int, now_us: int, previous: bool = False) -> RunMinutes:
@@ -266,9 +283,10 @@ def for_loss(
         return stalled(windows.last_loss_at, last_loss_step)
     if reason == SPIKING:
         line = band(windows, t)
-        return NONE if line is None else above_line(run, line)
+        return NONE if line is None else above_line(run, line, reference(windows, t))
     if reason == LEVEL_SHIFT:
-        return above_line(run, level_shift_line(run.grid, width, t.shift_min_rise, t.shift_sigma))
+        trend, line = level_shift_line(run.grid, width, t.shift_min_rise, t.shift_sigma)
+        return above_line(run, line, trend)
     if reason == SLOW_DIVERGENCE:
         empty = np.zeros(0)
         n, sums, at, step = history if history is not None else (empty, empty, empty, empty)
@@ -290,7 +308,7 @@ def for_check(
         levels = jump_levels(np.where(run.grid.n > 0, run.grid.floor, np.inf), run.grid.n, t.recent_minutes)
         if levels is None or threshold is None:
             return NONE
-        return above_line(run, levels[1] + float(threshold))
+        return above_line(run, levels[1] + float(threshold), levels[1])
     if reason == GRAD_NORM_HIGH and "grad_norm" in series:
         metric = series["grad_norm"]
         shown = [k for k, m in enumerate(metric.minutes) if m < now_us and metric.last[k] is not None]
