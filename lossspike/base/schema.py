@@ -16,8 +16,8 @@ import pyarrow as pa
 ALERTS_SCHEMA_PATH = Path(__file__).parent.parent / "alerts_schema.json"
 ALERTS_SCHEMA: list[dict[str, str]] = json.loads(ALERTS_SCHEMA_PATH.read_text())
 ALERT_COLUMNS = tuple(column["name"] for column in ALERTS_SCHEMA)
-# Where to go back (SPEC.md): NULL on a row that does not page, so a row made without them (the
-# fleet row, a judge that knows no onset) is written with NULLs rather than refused.
+# Where to go back (SPEC.md): the judge sets them on paging rows only, so a row without them (a
+# healthy row, a notice, the fleet row) is written with NULLs rather than refused.
 GO_BACK_COLUMNS = ("onset_at", "last_good_at", "last_good_step")
 
 # The telemetry columns the query reads, with their DuckDB types (SPEC.md).
