@@ -191,3 +191,39 @@ def test_a_bigquery_table_of_an_earlier_release_keeps_its_rows_and_stores_where_
         LAST_GOOD,
         4812,
     )
+
+
+def test_a_bigquery_tick_on_a_table_of_the_previous_release_keeps_its_rows_and_writes_the_onset(emulator):
+    """A whole tick of the new release (read, judge, write) on the previous release's table: the
+    stall's row carries its onset and last good point, the earlier row is kept."""
+    import uuid
+
+    from google.cloud import bigquery
+    from servers import bigquery as bqserver
+
+    from lossspike.config.settings import Settings
+    from lossspike.evaluation.evaluate import evaluate
+    from lossspike.stores.bigquery import BigQueryStore
+
+    dataset = f"{PROJECT}.lossspike_{uuid.uuid4().hex[:8]}"
+    table, telemetry = f"{dataset}.loss_spike_alerts", f"{dataset}.telemetry"
+    admin = bqserver.make_client(emulator, PROJECT)
+    _old_bigquery(admin, table, PREVIOUS)
+    fields = [bigquery.SchemaField(name, kind) for name, kind in bqserver.TELEMETRY_SCHEMA_FIELDS]
+    admin.create_table(bigquery.Table(telemetry, schema=fields))
+    bqserver.insert_samples(admin, telemetry, _stalled_run())
+    settings = Settings(backend="bigquery", project=PROJECT, alerts_table=table, telemetry_table=telemetry)
+    store = BigQueryStore(settings, bqserver.make_client(emulator, PROJECT))
+    rows = evaluate(store, settings, NOW)
+    assert store.write_alerts(rows) == len(rows) == 1
+    stored = [dict(r.items()) for r in admin.query(f"SELECT * FROM `{table}` ORDER BY evaluated_at").result()]
+    old, new = stored
+    assert {k: old[k] for k in _old_row(PREVIOUS)} == _old_row(PREVIOUS)
+    last = NOW - timedelta(minutes=20)
+    assert (new["reason"], new["value"], new["onset_at"], new["last_good_at"], new["last_good_step"]) == (
+        "stalled",
+        1,
+        last,
+        last,
+        None,
+    )
