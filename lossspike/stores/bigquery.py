@@ -27,7 +27,6 @@ from google.cloud import bigquery
 from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
 from lossspike.base.schema import (
-    ALERT_COLUMNS,
     ALERTS_SCHEMA,
     TelemetryShape,
     missing_telemetry_columns,
@@ -102,16 +101,23 @@ def query_parameters(params: dict[str, Any]) -> list[bigquery.ScalarQueryParamet
     return out
 
 
-def _rows_parameter(rows: list[dict[str, Any]]) -> bigquery.ArrayQueryParameter:
+def _written_columns(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The alert columns a write sends: every REQUIRED one, and each NULLABLE one some row sets.
+
+    A column no row of the request sets is left out of the INSERT and reads NULL all the same;
+    most rows leave most check and where-to-go-back columns NULL, and every column sent costs
+    request bytes (and the emulator's time, which bounds the fleet the cloud tests can tick).
+    """
+    return [c for c in ALERTS_SCHEMA if c["mode"] == "REQUIRED" or any(row[c["name"]] is not None for row in rows)]
+
+
+def _rows_parameter(rows: list[dict[str, Any]], columns: list[dict[str, str]]) -> bigquery.ArrayQueryParameter:
     structs = [
         bigquery.StructQueryParameter(
             None,
-            *(
-                bigquery.ScalarQueryParameter(c["name"], _STRUCT_TYPES[c["type"]], row[c["name"]])
-                for c in ALERTS_SCHEMA
-            ),
+            *(bigquery.ScalarQueryParameter(c["name"], _STRUCT_TYPES[c["type"]], row[c["name"]]) for c in columns),
         )
-        for row in map(with_go_back, rows)
+        for row in rows
     ]
     return bigquery.ArrayQueryParameter("rows", "STRUCT", structs)
 
@@ -377,9 +383,11 @@ class BigQueryStore:
         table = self.settings.alerts_table
         self._upgrade_alerts(deadline)
         for start in range(0, len(rows), MAX_ROWS_PER_WRITE):
-            chunk = rows[start : start + MAX_ROWS_PER_WRITE]
-            sql = write_script(table, ALERT_COLUMNS) if start == 0 else append_sql(table, ALERT_COLUMNS)
-            parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk)]
+            chunk = [with_go_back(row) for row in rows[start : start + MAX_ROWS_PER_WRITE]]
+            columns = _written_columns(chunk)
+            names = tuple(c["name"] for c in columns)
+            sql = write_script(table, names) if start == 0 else append_sql(table, names)
+            parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk, columns)]
             try:
                 self._run(sql, parameters, "write", deadline)
             except _FAILURES as error:
