@@ -227,3 +227,27 @@ def test_a_bigquery_tick_on_a_table_of_the_previous_release_keeps_its_rows_and_w
         last,
         None,
     )
+
+
+def test_a_bigquery_write_keeps_the_onset_of_a_paging_row_behind_a_healthy_one(emulator):
+    """A request sends each column some row sets: a healthy row first (no onset) must not drop the
+    onset of the paging row after it."""
+    import uuid
+
+    from servers import bigquery as bqserver
+
+    from lossspike.config.settings import Settings
+    from lossspike.stores.bigquery import BigQueryStore
+
+    table = f"{PROJECT}.lossspike_{uuid.uuid4().hex[:8]}.loss_spike_alerts"
+    admin = bqserver.make_client(emulator, PROJECT)
+    _old_bigquery(admin, table, ALERTS_SCHEMA)
+    healthy = {**_new_row(), "run": "hero-calm", "reason": "healthy", "value": 0, "severity": ""}
+    healthy.update(dict.fromkeys(GO_BACK_COLUMNS))
+    settings = Settings(backend="bigquery", project=PROJECT, alerts_table=table, telemetry_table=f"{table}_t")
+    store = BigQueryStore(settings, bqserver.make_client(emulator, PROJECT))
+    assert store.write_alerts([healthy, _new_row()]) == 2
+    query = f"SELECT * FROM `{table}` WHERE evaluated_at = TIMESTAMP '{NOW_TEXT}'"
+    stored = {row["run"]: dict(row.items()) for row in admin.query(query).result()}
+    assert (stored["hero-a"]["onset_at"], stored["hero-a"]["last_good_step"]) == (ONSET, 4812)
+    assert stored["hero-calm"]["onset_at"] is None
