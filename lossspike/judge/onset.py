@@ -134,27 +134,40 @@ def _run_start(marked: np.ndarray, data: np.ndarray) -> int | None:
 
 def above_line(run: RunMinutes, line: np.ndarray | float, level: np.ndarray | float | None = None) -> Onset:
     """spiking, level_shift and loss_jump: the run of minutes whose floor is above the line,
-    extended back through the minutes just before it whose floor is above the `level` the line
-    is drawn from (the reference, the trend, the baseline level). A loss that climbs (a blowup
-    rising exponentially) crosses the line minutes after it left its level; its excursion began
-    where it left the level. A minute of a run at its level has its floor, the lowest of its
-    losses, at or below the level, so the extension stops there."""
+    extended back through the minutes just before it that climb from the `level` the line is
+    drawn from (the reference, the trend, the baseline level): each at or above the level and
+    above the minute before it. A loss that climbs (a blowup rising exponentially) crosses the line
+    minutes after it left its level; a run at its level has floors scattered about it, which stop
+    the extension within a minute or so.
+
+    The last good point is the newest minute before the onset that is good as a whole and sat at
+    its level: its mean no higher than the median of the minute means before the onset. A minute
+    the climb had begun in is above that median (a mean of many losses moves with the climb long
+    before its floor does), so a rewind there never lands inside the climb."""
     data = run.grid.n > 0
-    above = data & (run.grid.floor > line)
+    floor = run.grid.floor
+    above = data & (floor > line)
     start = _run_start(above, data)
     if start is None:
         return NONE
     if level is not None:
-        risen = data & (run.grid.floor > level)
-        earlier = np.flatnonzero(data[:start])
-        for slot in earlier[::-1].tolist():
-            if not risen[slot]:
+        at_or_above = data & (floor >= level)
+        earlier = np.flatnonzero(data[:start])[::-1].tolist()
+        for slot, before in zip(earlier, [*earlier[1:], -1], strict=True):
+            if not at_or_above[slot] or (before >= 0 and floor[slot] <= floor[before]):
                 break
             start = slot
     # Nothing at or below the level before the run in the window: it began before the window.
     if not data[:start].any():
         return Onset(run.at(0), None, None, True)
-    return Onset(run.at(start), *last_good(run, start, line))
+    means = np.where(data, run.grid.mean, np.nan)[:start]
+    settled = np.nanmedian(means) if np.isfinite(means).any() else np.inf
+    at_level = ~(run.grid.mean > settled)
+    good = np.flatnonzero((whole_minutes_good(run, line) & at_level)[:start])
+    if not len(good):
+        return Onset(run.at(start))
+    slot = int(good[-1])
+    return Onset(run.at(start), *_point(int(run.last_at[slot]), int(run.last_step[slot])))
 
 
 def not_finite(run: RunMinutes) -> Onset:
