@@ -35,7 +35,7 @@ from lossspike.backtest.attempts import attempt_keys, choosing_seq_at, chosen_gr
 from lossspike.backtest.check_replay import CheckReplay, read_checks
 from lossspike.backtest.grid import run_grid_windows, run_grids, seed_windows, window_sum
 from lossspike.backtest.grid_detectors import HISTORY_DETECTORS, detections, shift_lines
-from lossspike.backtest.result import Backtest, Episode, RunHistory
+from lossspike.backtest.result import Backtest, RunHistory
 from lossspike.backtest.ticks import minute_index, policies_in_force
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
@@ -48,8 +48,6 @@ from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
 from lossspike.rules.rule import (
     DETECTORS,
     LEVEL_SHIFT,
-    PAGE,
-    PAGING_REASONS,
     REASONS,
     RESUME_JUMP,
     WINDOW_FIELDS,
@@ -140,38 +138,31 @@ def backtest(
         for thresholds, listed in zip(variants, checks, strict=True)
     ]
     for result in results:
-        result.go_back = _going_back(store, settings, result.thresholds, overrides)
+        result.judged_rows = _one_run(store, settings, result.thresholds, overrides)
     return results
 
 
-def _going_back(
+def _one_run(
     store: Store, settings: Settings, thresholds: Thresholds, overrides: bool
-) -> Callable[[Episode], dict[str, Any]]:
-    """An episode's onset, last good time and step: those of the paging row `evaluate` writes for
-    its run at its first tick (a loss row that pages, else its first page check's row). One read of
-    the one run per episode, not per tick: a backtest's cost grows by its pages, and its values are
-    the tick's own by construction."""
+) -> Callable[[str, str, datetime, tuple[str, ...] | None], list[dict[str, Any]]]:
+    """The rows `evaluate` writes for one run at one tick, judged by the checks named (None: the
+    settings'): what the backtest asks for where to go back (SPEC "Where to go back"), one read of
+    the one run per page, so a backtest's cost grows by its pages, not its ticks, and the values
+    are the tick's own by construction."""
 
-    def go_back(episode: Episode) -> dict[str, Any]:
-        # The episode's first reason names the row: a loss reason's needs no check read, a
-        # check's no other check (the evaluation loss's day-long lookback is most of a read).
-        first = episode.reasons[0] if episode.reasons else episode.reason
+    def rows(cluster: str, run: str, tick: datetime, checks: tuple[str, ...] | None) -> list[dict[str, Any]]:
         one = replace(
             settings,
             thresholds=thresholds,
-            selection=replace(settings.selection, run_ids=(episode.run,)),
-            checks=() if first in PAGING_REASONS else (first,),
+            selection=replace(settings.selection, run_ids=(run,)),
+            checks=settings.checks if checks is None else checks,
         )
-        read = store.read_tick(one, tick_windows(one, episode.first_tick))
+        read = store.read_tick(one, tick_windows(one, tick))
         if not overrides:
             read = replace(read, overrides=[])
-        rows = [r for r in judge(read, one, episode.first_tick) if r["cluster"] == episode.cluster]
-        paging = [r for r in rows if r.get("severity") == PAGE and r.get("value")]
-        if not paging:
-            return {}
-        return {key: paging[0].get(key) for key in ("onset_at", "last_good_at", "last_good_step")}
+        return [r for r in judge(read, one, tick) if r["cluster"] == cluster]
 
-    return go_back
+    return rows
 
 
 def _histories(

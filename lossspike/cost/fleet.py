@@ -44,7 +44,9 @@ TELEMETRY_BYTES = {
 # process_index (INT64 8 B in levanter.metrics, STRING '0' 3 B in telemetry_v1), kind ('scalar'
 # 8 B, 'gauge' 7 B: only scalar rows are samples), the INT64 seq (8 B, newest-row ties) and in
 # levanter.metrics the INT64 step (8 B: a page's last good step, SPEC "Where to go back"; the view's
-# per-minute MAX of the loss's step names the column, so its refresh bills it for every row).
+# per-minute MAX of the loss's step names the column, so its refresh bills it for every row: a
+# query is billed for every column it references over the rows it scans,
+# https://cloud.google.com/bigquery/docs/best-practices-costs).
 SHAPE_COLUMN_BYTES = {
     "contract": TELEMETRY_BYTES,
     "levanter.metrics": {

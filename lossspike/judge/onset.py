@@ -30,6 +30,7 @@ from lossspike.judge.detectors import (
     BLOCK_MINUTES,
     LEVEL_MINUTES,
     MIN_BLOCK_SAMPLES,
+    MIN_REFERENCE_MINUTES,
     REFERENCE_MINUTES,
     block_sums,
     episode_starts,
@@ -121,6 +122,30 @@ def last_good(
     return _point(int(run.last_at[slot]), int(run.last_step[slot]))
 
 
+def _at_level(grid: Partial, data: np.ndarray, stop: int) -> np.ndarray:
+    """Per minute before `stop`, whether its mean is at its level: no higher than the median mean of
+    the REFERENCE_MINUTES minutes with a loss before it (its recent past, as an excursion is judged;
+    a falling loss's level falls with it), or of all before it where fewer than MIN_REFERENCE_MINUTES."""
+    out = np.zeros(len(data), dtype=bool)
+    slots = np.flatnonzero(data[:stop])
+    means = grid.mean[slots]
+    for k, slot in enumerate(slots.tolist()):
+        past = means[max(0, k - REFERENCE_MINUTES) : k]
+        if len(past) < MIN_REFERENCE_MINUTES:
+            past = means[:stop]
+        out[slot] = means[k] <= float(np.median(past))
+    return out
+
+
+def _next(mask: np.ndarray) -> np.ndarray:
+    """Per position, the index of the next masked position (-1 where there is none)."""
+    idx = np.arange(len(mask))
+    later = np.where(mask, idx, len(mask))
+    following = np.minimum.accumulate(later[::-1])[::-1]
+    out = np.concatenate([following[1:], [len(mask)]])
+    return np.where(out < len(mask), out, -1)
+
+
 def _run_start(marked: np.ndarray, data: np.ndarray) -> int | None:
     """The first minute of the newest unbroken run of marked minutes ending at the newest minute
     with data (minutes without data neither split nor extend it); None if that minute is unmarked."""
@@ -134,27 +159,43 @@ def _run_start(marked: np.ndarray, data: np.ndarray) -> int | None:
 
 def above_line(run: RunMinutes, line: np.ndarray | float, level: np.ndarray | float | None = None) -> Onset:
     """spiking, level_shift and loss_jump: the run of minutes whose floor is above the line,
-    extended back through the minutes just before it whose floor is above the `level` the line
-    is drawn from (the reference, the trend, the baseline level). A loss that climbs (a blowup
-    rising exponentially) crosses the line minutes after it left its level; its excursion began
-    where it left the level. A minute of a run at its level has its floor, the lowest of its
-    losses, at or below the level, so the extension stops there."""
+    extended back through the minutes just before it that climb from the `level` the line is
+    drawn from (the reference, the trend, the baseline level): each at or above the level and
+    above the minute before it. A loss that climbs (a blowup rising exponentially) crosses the line
+    minutes after it left its level; a run at its level has floors scattered about it, which stop
+    the extension within a minute or so.
+
+    The last good point is the newest minute before the onset that is good as a whole and sat at
+    its level, as did the next minute with a loss: each mean no higher than the median mean of
+    the minutes just before it. A minute the climb had begun in is above that median (a mean
+    of many losses moves with the climb long before its floor does), so a rewind there does not
+    land inside the climb; it costs a minute of steps more than the truth would."""
     data = run.grid.n > 0
-    above = data & (run.grid.floor > line)
+    floor = run.grid.floor
+    above = data & (floor > line)
     start = _run_start(above, data)
     if start is None:
         return NONE
     if level is not None:
-        risen = data & (run.grid.floor > level)
-        earlier = np.flatnonzero(data[:start])
-        for slot in earlier[::-1].tolist():
-            if not risen[slot]:
+        at_or_above = data & (floor >= level)
+        earlier = np.flatnonzero(data[:start])[::-1].tolist()
+        for slot, before in zip(earlier, [*earlier[1:], -1], strict=True):
+            if not at_or_above[slot] or (before >= 0 and floor[slot] <= floor[before]):
                 break
             start = slot
     # Nothing at or below the level before the run in the window: it began before the window.
     if not data[:start].any():
         return Onset(run.at(0), None, None, True)
-    return Onset(run.at(start), *last_good(run, start, line))
+    at_level = _at_level(run.grid, data, start)
+    # ...and so did the next minute with a loss: a climb that began late in a minute leaves its
+    # mean at the level but lifts the next one's.
+    nxt = _next(data)
+    then_too = np.take(at_level, np.maximum(nxt, 0)) & (nxt >= 0)
+    good = np.flatnonzero((whole_minutes_good(run, line) & at_level & then_too)[:start])
+    if not len(good):
+        return Onset(run.at(start))
+    slot = int(good[-1])
+    return Onset(run.at(start), *_point(int(run.last_at[slot]), int(run.last_step[slot])))
 
 
 def not_finite(run: RunMinutes) -> Onset:
