@@ -41,6 +41,25 @@ import incidents  # noqa: E402 - the generator beside this file
 from lossspike.backtest.labels import RATE_HOURS, by_kind  # noqa: E402
 
 SEED_FLAGS = "--detectors none --attempts all --checks none"
+# SPEC "Where to go back", the measure: the loss incidents whose excursion starts at one instant
+# (level shifts, spike-then-shift, NaN onsets and divergences to NaN, stalls; the benchmark has no
+# broken resume: the real curves hold two, tests/test_onset.py).
+ABRUPT_KINDS = (
+    "level_shift_early",
+    "level_shift",
+    "slow_step_shift",
+    "spike_then_shift",
+    "nan_onset",
+    "blowup",
+    "stall",
+)
+# ...and those that build up (slow divergence, spike trains).
+GRADUAL_KINDS = ("slow_divergence", "spike_train")
+# Its targets: an abrupt onset within 2 minutes of the truth, and no last good point after it; a
+# gradual one's last good point at most 15 minutes after it; each for 90% of the paged labels.
+ONSET_WITHIN_MINUTES = 2.0
+GRADUAL_LAST_GOOD_MINUTES = 15.0
+TARGET_SHARE = 0.9
 
 
 def _backtest_has(flag: str) -> bool:
@@ -146,6 +165,57 @@ def table(documents: dict[str, dict[str, Any]], markdown: bool) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines) + "\n"
 
 
+def go_back_table(document: dict[str, Any], markdown: bool) -> str:
+    """The measure of "Where to go back" on one rule's labels: per loss kind that must page, its
+    paged labels, and of those the onset within 2 minutes of the label's start (the true onset),
+    the onset error (median, largest), last good points after the true onset, and for gradual
+    kinds last good points at most 15 minutes after it; then the targets, met or not."""
+    labels = [e for e in document["labels_report"]["labels"] if e["should_page"] and e["paged"]]
+    header = ["kind", "paged", "onset within 2 min", "onset error min (median / max)", "last good after onset"]
+    header.append("last good <= 15 min after")
+    body = []
+    totals = {"abrupt": [0, 0, 0], "gradual": [0, 0]}
+    for kind in (*ABRUPT_KINDS, *GRADUAL_KINDS):
+        mine = [e for e in labels if e["kind"] == kind]
+        if not mine:
+            continue
+        errors = [e["onset_error_minutes"] for e in mine if e["onset_error_minutes"] is not None]
+        goods = [e["last_good_after_onset_minutes"] for e in mine]
+        near = sum(1 for x in errors if abs(x) <= ONSET_WITHIN_MINUTES)
+        after = sum(1 for g in goods if g is not None and g > 0)
+        gradual_ok = sum(1 for g in goods if g is not None and g <= GRADUAL_LAST_GOOD_MINUTES)
+        spread = "-"
+        if errors:
+            ordered = sorted(errors)
+            spread = f"{ordered[len(ordered) // 2]:+.1f} / {max(errors, key=abs):+.1f}"
+        if kind in ABRUPT_KINDS:
+            totals["abrupt"][0] += len(mine)
+            totals["abrupt"][1] += near
+            totals["abrupt"][2] += after
+        else:
+            totals["gradual"][0] += len(mine)
+            totals["gradual"][1] += gradual_ok
+        body.append([kind, str(len(mine)), _share(near, len(mine)), spread, str(after), _share(gradual_ok, len(mine))])
+    n, near, after = totals["abrupt"]
+    m, ok = totals["gradual"]
+    verdicts = [
+        ["abrupt: onset within 2 min (target >= 90%)", str(n), _share(near, n), "", "", ""],
+        ["abrupt: last good after onset (target 0)", str(n), "", "", str(after), ""],
+        ["gradual: last good <= 15 min after (target >= 90%)", str(m), "", "", "", _share(ok, m)],
+    ]
+    met = (n == 0 or near >= TARGET_SHARE * n) and after == 0 and (m == 0 or ok >= TARGET_SHARE * m)
+    lines = [header, *body, *verdicts]
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(cell or " " for cell in line) + " |" for line in lines[1:]]
+        text = "\n".join(out) + "\n"
+    else:
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+        text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+        text += "\n"
+    return text + f"targets {'met' if met else 'NOT met'}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=18, help="the benchmark's seed [18]")
@@ -182,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(f"largest backtest process: {peak:,.0f} MiB peak RSS\n")
         print(table(documents, args.markdown), end="")
+        print("\nwhere to go back (defaults; the paged must-page loss labels, their start the true onset)\n")
+        print(go_back_table(documents["defaults"], args.markdown), end="")
         if args.json:
             Path(args.json).write_text(
                 json.dumps({name: doc["labels_report"] for name, doc in documents.items()}, indent=2) + "\n"

@@ -196,6 +196,21 @@ def table(documents: dict[str, dict[str, Any]], curves: dict[str, dict[str, floa
     return text + "".join(f"\n{line}" for line in skipped) + ("\n" if skipped else "")
 
 
+def go_back_lines(document: dict[str, Any]) -> str:
+    """One line per page of the default rules: the run, its reasons, and where its first paging
+    tick's row says to go back (SPEC "Where to go back"; a broken resume names the previous
+    attempt's last step)."""
+    lines = []
+    for run in document["variants"][0]["runs"]:
+        for e in run["episodes"]:
+            reasons = "+".join(e.get("reasons") or [e["reason"]])
+            lines.append(
+                f"  {run['run']} {reasons} from {e['first_tick']}: onset {e.get('onset_at') or '-'},"
+                f" last good {e.get('last_good_at') or '-'} (step {e.get('last_good_step')})"
+            )
+    return "\n".join(lines or ["  no page"]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(DATA), help=f"the real curves' folder [{DATA}]")
@@ -224,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: lossspike backtest {flags or '(no flags)'}: {seconds:.1f} s")
         print()
         print(table(documents, curves, args.markdown), end="")
+        print("\nwhere to go back (defaults: each page's first paging tick)")
+        print(go_back_lines(documents["defaults"]), end="")
         if args.json:
             Path(args.json).write_text(json.dumps(documents, indent=1, default=str) + "\n")
     return 0

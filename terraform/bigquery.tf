@@ -41,6 +41,10 @@ resource "google_bigquery_table" "alerts" {
 
 # Every row of each (cluster, run)'s newest evaluation (its loss row and its firing check rows),
 # reading only recent partitions: a check that stopped firing has no row here, and resolves.
+#
+# The view names the alert schema's columns rather than SELECT *: a logical view keeps the schema
+# it was saved with when its base table gains columns (supabase/etl#766 re-saves its views for
+# this), so a new column changes the query here and the apply re-saves the view with it.
 resource "google_bigquery_table" "latest" {
   #checkov:skip=CKV_GCP_80:A view stores no data; encryption is the base table's.
   project             = var.project_id
@@ -56,6 +60,7 @@ resource "google_bigquery_table" "latest" {
     query = templatefile("${path.module}/sql/loss_spike_latest.sql", {
       alerts_table   = local.alerts_table_id
       lookback_hours = var.latest_view_lookback_hours
+      columns        = join(", ", [for column in jsondecode(file("${path.module}/../lossspike/alerts_schema.json")) : column.name])
     })
   }
 

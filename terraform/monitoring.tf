@@ -24,7 +24,7 @@ locals {
   # Where a page sends the reader for the reasons: policy documentation can insert labels
   # (${metric.label.KEY}) but not the rows, so it links them.
   dashboard_link = var.grafana_dashboard_url != "" ? "Dashboard, with the run selected: ${var.grafana_dashboard_url}?var-run=$${metric.label.run}" : "Set grafana_dashboard_url to link the Grafana dashboard here."
-  reasons_query  = "SELECT reason, severity, value, observed, threshold, metric FROM `${var.project_id}.${var.dataset_id}.loss_spike_latest` WHERE cluster = '$${metric.label.cluster}' AND run = '$${metric.label.run}'"
+  reasons_query  = "SELECT reason, severity, value, onset_at, last_good_at, last_good_step, observed, threshold, metric FROM `${var.project_id}.${var.dataset_id}.loss_spike_latest` WHERE cluster = '$${metric.label.cluster}' AND run = '$${metric.label.run}'"
 }
 
 resource "google_monitoring_metric_descriptor" "page" {
@@ -164,18 +164,25 @@ resource "google_monitoring_alert_policy" "loss_spike" {
     auto_close = "${var.alert_auto_close_seconds}s"
   }
 
-  # Policy documentation can insert labels (${metric.label.x}) but not values or times: the
-  # reasons firing now are the run's rows in the latest view, linked below.
+  # Policy documentation can insert labels (${metric.label.x}) but not values or times
+  # (https://cloud.google.com/monitoring/alerts/doc-variables): the reasons firing now, and where
+  # to go back (onset_at, last_good_at, last_good_step), are the run's rows in the latest view,
+  # linked below. No metric label carries them: a per-step value would open a new series, and so
+  # a new incident, at every step.
   documentation {
     mime_type = "text/markdown"
     content   = <<-EOT
       Run **$${metric.label.run}** on cluster **$${metric.label.cluster}** pages. One incident per run: it stays
       open while any paging reason fires, and a change of reason does not open another.
 
-      Which reasons fire now, with what they saw and the limit:
+      Which reasons fire now, with what they saw and the limit, and where to go back:
 
       - ${local.dashboard_link}
       - BigQuery: `${local.reasons_query}`
+
+      Where to go back: each paging row's `onset_at` (when the excursion began), `last_good_at` and
+      `last_good_step` (the newest good loss sample before it). Resume from the newest checkpoint at or
+      before `last_good_step`; the batches between it and the onset are the suspect range.
 
       Paging reasons (the runbook has a section for each):
 

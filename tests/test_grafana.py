@@ -26,6 +26,7 @@ from grafana_foundation_sdk.cog import encoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from lossspike.base.schema import ALERT_COLUMNS
 from lossspike.base.times import format_rfc3339
 from lossspike.cli.demo import write_demo_database
 from lossspike.config.settings import Settings
@@ -161,6 +162,8 @@ def run_bigquery_sql(connection: duckdb.DuckDBPyConnection, sql: str) -> tuple[l
 
 def _latest_view(alerts_table: str) -> str:
     view_sql = VIEW_TEMPLATE.replace("${alerts_table}", alerts_table).replace("${lookback_hours}", "24")
+    # Terraform fills in the alert schema's columns, in order.
+    view_sql = view_sql.replace("${columns}", ", ".join(ALERT_COLUMNS))
     [duck_view] = sqlglot.transpile(view_sql, read="bigquery", write="duckdb")
     return duck_view
 
@@ -671,6 +674,24 @@ def test_check_rows_show_observed_against_threshold_from_the_verdict_query(wareh
     loss_rows = shown_rows(verdicts, columns, rows)
     assert len(loss_rows) == 7 and {r["run"] for r in loss_rows} == {r[3] for r in rows}
     assert all("observed" not in r and "metric" not in r for r in loss_rows)
+
+
+def test_the_verdict_table_shows_where_to_go_back(warehouse):
+    """SPEC "Where to go back": a paging run's row in the verdict table shows its onset and last
+    good point (silenced ones too); a run that does not page shows none."""
+    connection, now = warehouse
+    verdicts = panel("Latest verdict")
+    sql = dashboard_sql(verdicts["targets"][0]["rawSql"], now)
+    columns = connection.sql(sqlglot.transpile(sql, read="bigquery", write="duckdb")[0]).columns
+    _, rows = run_bigquery_sql(connection, sql)
+    shown = {r["run"]: r for r in shown_rows(verdicts, columns, rows)}
+    for run in ("hero-qwen-32b", "hero-gemma-2b", "hero-deepseek", "hero-phi-3"):
+        row = shown[run]
+        assert row["onset_at"] is not None and row["last_good_at"] is not None, row
+        assert row["last_good_at"] <= row["onset_at"] <= now, row
+        assert "last_good_step" in row
+    for run in ("hero-llama-8b", "hero-mixtral", "hero-olmo-1b"):
+        assert (shown[run]["onset_at"], shown[run]["last_good_at"]) == (None, None), shown[run]
 
 
 def test_alert_rule_sees_no_data_only_when_the_evaluator_is_silent(warehouse, tmp_path):

@@ -228,3 +228,158 @@ def test_plot_draws_level_shifts_trend_aware_band(demo_db):
                 fired += 1
                 assert math.isclose(limit[i] - trend[i], row["threshold"], rel_tol=1e-9), tick
     assert fired >= 3
+
+
+# Two NaN samples seven minutes apart: each pages not_finite while it is in the five-minute recent
+# window (ticks 11:31-11:35, then 11:38-11:42), two pages close together on a two-hour plot.
+FIRST_NAN, SECOND_NAN = NOW - timedelta(minutes=29, seconds=50), NOW - timedelta(minutes=22, seconds=50)
+NAN_RUN = "hero-nan-twice"
+
+
+def _two_nan_pages(path) -> object:
+    every = timedelta(seconds=30)
+    samples = [
+        Sample(NOW - timedelta(hours=2, minutes=30) + i * every, 2.0 + 0.002 * (i % 5), NAN_RUN, cluster="c1")
+        for i in range(300)
+    ]
+    samples += [Sample(at, math.nan, NAN_RUN, cluster="c1") for at in (FIRST_NAN, SECOND_NAN)]
+    return write_database(path, samples)
+
+
+def _figure(path, ticks, settings=None):
+    with DuckDBStore(path, read_only=True) as store:
+        return run_figure(store, settings or Settings(), NAN_RUN, ticks)
+
+
+def _annotations(figure, gid: str) -> list:
+    [axes] = figure.axes
+    return [child for child in axes.get_children() if child.get_gid() == gid]
+
+
+def test_plot_labels_of_nearby_pages_do_not_overlap(tmp_path):
+    """Issue 44 row 8: two pages minutes apart on a long plot had their labels drawn over each other."""
+    from matplotlib import pyplot
+
+    ticks = tick_times(NOW - timedelta(hours=1, minutes=55), NOW)
+    figure = _figure(_two_nan_pages(tmp_path / "t.duckdb"), ticks)
+    try:
+        figure.canvas.draw()
+        [axes] = figure.axes
+        labels = [text for text in axes.texts if " from " in text.get_text()]
+        assert [label.get_text() for label in labels] == ["not_finite from 11:31 ", "not_finite from 11:38 "]
+        renderer = figure.canvas.get_renderer()
+        first, second = (label.get_window_extent(renderer) for label in labels)
+        assert not first.overlaps(second), (first, second)
+        # Both stay inside the axes, where the reader looks for them.
+        frame = axes.get_window_extent(renderer)
+        assert all(frame.y0 <= box.y0 and box.y1 <= frame.y1 for box in (first, second))
+    finally:
+        pyplot.close(figure)
+
+
+def _with_go_back(pages: dict):
+    """Backtest.episodes giving each page the where-to-go-back values in `pages` (by first tick)."""
+    from types import SimpleNamespace
+
+    from lossspike.backtest.result import Backtest
+
+    real = Backtest.episodes
+
+    def episodes(self):
+        return [SimpleNamespace(**{**vars(e), **pages.get(e.first_tick, {})}) for e in real(self)]
+
+    return episodes
+
+
+def test_plot_marks_the_onset_and_last_good_point_of_each_page(tmp_path, monkeypatch):
+    """Each page draws a dashed line at its onset and a ring on its last good sample, labelled with
+    their times (and the step, where the table has one), and the legend says what they are."""
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot
+
+    from lossspike.backtest.result import Backtest
+
+    last_good = [FIRST_NAN - timedelta(seconds=10), SECOND_NAN - timedelta(seconds=10)]
+    pages = {
+        NOW - timedelta(minutes=29): {"onset_at": FIRST_NAN, "last_good_at": last_good[0], "last_good_step": 4812},
+        NOW - timedelta(minutes=22): {"onset_at": SECOND_NAN, "last_good_at": last_good[1], "last_good_step": None},
+    }
+    monkeypatch.setattr(Backtest, "episodes", _with_go_back(pages))
+    ticks = tick_times(NOW - timedelta(minutes=40), NOW)
+    figure = _figure(_two_nan_pages(tmp_path / "t.duckdb"), ticks)
+    try:
+        [axes] = figure.axes
+        onsets = [line for line in axes.get_lines() if line.get_gid() == "onset"]
+        assert [mdates.date2num(line.get_xdata()[0]) for line in onsets] == list(
+            mdates.date2num([FIRST_NAN, SECOND_NAN])
+        )
+        rings = [line for line in axes.get_lines() if line.get_gid() == "last_good"]
+        assert [mdates.date2num(line.get_xdata()[0]) for line in rings] == list(mdates.date2num(last_good))
+        # On the sample itself: 2.0 plus the run's small wiggle.
+        assert all(abs(float(line.get_ydata()[0]) - 2.0) < 0.01 for line in rings)
+        texts = [
+            a.get_text().strip() for a in _annotations(figure, "onset_label") + _annotations(figure, "last_good_label")
+        ]
+        assert texts == ["onset 11:30:10", "onset 11:37:10", "last good 11:30:00, step 4812", "last good 11:37:00"]
+        legend = _legend(figure)
+        assert "onset (the excursion began)" in legend and "last good point (resume at or before it)" in legend
+        assert legend.count("onset (the excursion began)") == 1
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        boxes = [
+            a.get_window_extent(renderer)
+            for a in _annotations(figure, "onset_label") + _annotations(figure, "last_good_label")
+        ]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    finally:
+        pyplot.close(figure)
+
+
+def test_plot_reaches_back_to_a_last_good_point_before_its_first_window(tmp_path, monkeypatch):
+    """A slow divergence's last good point can be long before the plotted ticks: the plot shows it."""
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot
+
+    from lossspike.backtest.result import Backtest
+
+    early = NOW - timedelta(minutes=50)
+    pages = {NOW - timedelta(minutes=29): {"onset_at": FIRST_NAN, "last_good_at": early, "last_good_step": None}}
+    monkeypatch.setattr(Backtest, "episodes", _with_go_back(pages))
+    figure = _figure(_two_nan_pages(tmp_path / "t.duckdb"), tick_times(NOW - timedelta(minutes=30), NOW))
+    try:
+        [axes] = figure.axes
+        left, _ = axes.get_xlim()
+        assert left < mdates.date2num(early)
+        rings = [mdates.date2num(line.get_xdata()[0]) for line in axes.get_lines() if line.get_gid() == "last_good"]
+        assert mdates.date2num(early) in rings
+    finally:
+        pyplot.close(figure)
+
+
+def test_plot_marks_where_the_backtest_says_to_go_back(tmp_path):
+    """Without stand-ins: each not_finite page's onset line and last good ring sit where its backtest
+    episode says, the ring on a finite sample before the NaN, the onset not after it."""
+    from matplotlib import dates as mdates
+    from matplotlib import pyplot
+
+    path = _two_nan_pages(tmp_path / "t.duckdb")
+    ticks = tick_times(NOW - timedelta(minutes=40), NOW)
+    settings = Settings(selection=Selection(run_ids=(NAN_RUN,)))
+    with DuckDBStore(path, read_only=True) as store:
+        [result] = backtest(store, settings, ticks, detail=True)
+    pages = result.episodes()
+    assert [p.reason for p in pages] == ["not_finite", "not_finite"]
+    figure = _figure(path, ticks)
+    try:
+        [axes] = figure.axes
+        onsets = [mdates.date2num(line.get_xdata()[0]) for line in axes.get_lines() if line.get_gid() == "onset"]
+        rings = [line for line in axes.get_lines() if line.get_gid() == "last_good"]
+        assert onsets == list(mdates.date2num([p.onset_at for p in pages]))
+        assert [mdates.date2num(r.get_xdata()[0]) for r in rings] == list(
+            mdates.date2num([p.last_good_at for p in pages])
+        )
+        for page, ring, nan in zip(pages, rings, (FIRST_NAN, SECOND_NAN), strict=True):
+            assert page.last_good_at < nan and page.onset_at <= nan
+            assert abs(float(ring.get_ydata()[0]) - 2.0) < 0.01
+    finally:
+        pyplot.close(figure)

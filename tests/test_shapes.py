@@ -46,7 +46,11 @@ def assert_same(got: list[dict], want: list[dict], where: str) -> None:
     assert [key(r) for r in got] == [key(r) for r in want], where
     for g, w in zip(got, want, strict=True):
         for column, value in w.items():
+            # A page's last good step comes from the table's step column, which the contract's
+            # shape has not (SPEC "Where to go back"): the one column the shapes may differ in.
             other = g[column]
+            if column == "last_good_step" and (value is None or other is None):
+                continue
             if isinstance(value, float) and isinstance(other, float):
                 same = math.isclose(other, value, rel_tol=1e-12, abs_tol=1e-12) or (
                     math.isnan(other) and math.isnan(value)

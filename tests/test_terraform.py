@@ -535,6 +535,27 @@ def test_alert_table_layout(plan: dict) -> None:
     assert "QUALIFY RANK() OVER (PARTITION BY cluster, run ORDER BY evaluated_at DESC) = 1" in query
 
 
+def test_the_alert_table_and_its_page_say_where_to_go_back(plan: dict) -> None:
+    """SPEC "Where to go back": the table gains three NULLABLE columns (an in-place update of a
+    deployed table), the latest view lists them, and the page says where to read them."""
+    columns = {c["name"]: c for c in json.loads(_after(plan, "google_bigquery_table.alerts")["schema"])}
+    types = {"onset_at": "TIMESTAMP", "last_good_at": "TIMESTAMP", "last_good_step": "INTEGER"}
+    assert {n: (columns[n]["type"], columns[n]["mode"]) for n in types} == {
+        n: (t, "NULLABLE") for n, t in types.items()
+    }
+    assert all(columns[n]["description"] for n in types)
+    # The view names each column, so a new one changes its query and the apply re-saves it.
+    query = _after(plan, "google_bigquery_table.latest")["view"][0]["query"]
+    assert query.startswith("SELECT " + ", ".join(columns) + "\n")
+    spike = _after(plan, "google_monitoring_alert_policy.loss_spike")["documentation"][0]["content"]
+    selected = re.search(r"SELECT (.*?) FROM `[^`]*loss_spike_latest`", spike)
+    assert selected and {"onset_at", "last_good_at", "last_good_step"} <= set(selected.group(1).split(", "))
+    assert "before `last_good_step`; the batches between it and the onset are the suspect range" in spike
+    # No label takes a per-step value: the page series stays one per run.
+    labels = [label["key"] for label in _after(plan, "google_monitoring_metric_descriptor.page")["labels"]]
+    assert labels == ["cluster", "run"]
+
+
 def test_optional_telemetry_table(plan: dict) -> None:
     table = _after(plan, "google_bigquery_table.telemetry[0]")
     part = table["time_partitioning"][0]

@@ -319,6 +319,9 @@ class _Span:
     run: str
     first: datetime
     last: datetime
+    # Where the episode's first paging tick said to go back (None where unknown).
+    onset_at: datetime | None = None
+    last_good_at: datetime | None = None
 
 
 def _first_tick_from(span: _Span, since: datetime, every: timedelta) -> datetime | None:
@@ -340,7 +343,9 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
     # By run ID, so a long history with many labels stays linear in labels plus episodes.
     spans: dict[str, list[_Span]] = {}
     for e in result.episodes():
-        spans.setdefault(e.run, []).append(_Span(e.cluster, e.run, e.first_tick, e.last_tick))
+        spans.setdefault(e.run, []).append(
+            _Span(e.cluster, e.run, e.first_tick, e.last_tick, e.onset_at, e.last_good_at)
+        )
     by_run: dict[str, list[Label]] = {}
     for label in labels:
         by_run.setdefault(label.run, []).append(label)
@@ -356,8 +361,8 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
             unknown.setdefault(label.run)
         mine = [s for s in spans.get(label.run, []) if _matches(label, s.cluster, s.run)]
         firsts = [_first_tick_from(s, label.start, every) for s in mine]
-        by_deadline = [t for t in firsts if t is not None and t <= label.deadline]
-        first = min(by_deadline, default=None)
+        by_deadline = [(t, s) for t, s in zip(firsts, mine, strict=True) if t is not None and t <= label.deadline]
+        first, paging = min(by_deadline, key=lambda pair: pair[0], default=(None, None))
         wrong = 0
         if not label.should_page:
             wrong = sum(1 for t in firsts if t is not None and t <= label.end)
@@ -368,6 +373,10 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
                 "paged": first is not None,
                 "minutes_to_page": None if first is None else round((first - label.start) / timedelta(minutes=1), 6),
                 "wrong_pages": wrong,
+                # The measure of "Where to go back" (SPEC): the paging episode's onset and last good
+                # point against the label's start (the true onset), in minutes (+ after it).
+                "onset_error_minutes": _after(paging.onset_at if paging else None, label.start),
+                "last_good_after_onset_minutes": _after(paging.last_good_at if paging else None, label.start),
             }
         )
     false_pages = sum(
@@ -385,6 +394,11 @@ def score_labels(result: Backtest, labels: Sequence[Label]) -> dict[str, Any]:
         "unknown_runs": list(unknown),
         "by_kind": by_kind(entries),
     }
+
+
+def _after(moment: datetime | None, start: datetime) -> float | None:
+    """Minutes from `start` to `moment` (negative before it), None without a moment."""
+    return None if moment is None else round((moment - start) / timedelta(minutes=1), 6)
 
 
 def _covers(label: Label, cluster: str, run: str, moment: datetime) -> bool:

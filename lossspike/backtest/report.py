@@ -25,6 +25,10 @@ def _number(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, 6)
 
 
+def _time(value: Any) -> str | None:
+    return None if value is None else format_rfc3339(value)
+
+
 def _episode(e: Episode) -> dict[str, Any]:
     return {
         "reason": e.reason,
@@ -34,6 +38,10 @@ def _episode(e: Episode) -> dict[str, Any]:
         "last_tick": format_rfc3339(e.last_tick),
         "ticks": e.ticks,
         "max_margin": _number(e.max_margin),
+        # Where to go back, as the first paging tick's row says (null for a notice).
+        "onset_at": _time(e.onset_at),
+        "last_good_at": _time(e.last_good_at),
+        "last_good_step": e.last_good_step,
     }
 
 
@@ -96,9 +104,10 @@ def _episode_table(
             row = [e.cluster, e.run, "+".join(e.reasons), format_rfc3339(e.first_tick), format_rfc3339(e.last_tick)]
             row.append(str(e.ticks))
             if not notices:
-                row.append(_cell(e.max_margin))
+                row += [_cell(e.max_margin), _time(e.onset_at) or "-", _time(e.last_good_at) or "-"]
+                row.append(_cell(e.last_good_step))
             body.append(([name] if compare else []) + row)
-    return header + ([] if notices else ["margin"]), body
+    return header + ([] if notices else ["margin", "onset", "last good", "last good step"]), body
 
 
 def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
@@ -164,4 +173,8 @@ def report_table(results: Sequence[Backtest], names: Sequence[str]) -> str:
         " loss reasons and page checks."
     )
     lines.append("margin = the largest recent floor - band while spiking; run-days = ticks watched x interval.")
+    lines.append(
+        "onset, last good = where the first paging tick's row says the excursion began and the newest good"
+        " loss before it (a rewind to at or before the last good step leaves the excursion behind)."
+    )
     return "\n".join(lines) + "\n"

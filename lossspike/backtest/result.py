@@ -8,7 +8,8 @@ read a result without the machinery behind it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,8 @@ from lossspike.rules.rule import (
 )
 
 _PAGING_CODES = frozenset(CODES[r] for r in PAGING_REASONS)
+# The columns of a paging row that say where to go back (SPEC "Where to go back").
+GO_BACK_KEYS = ("onset_at", "last_good_at", "last_good_step")
 # The reasons a page may start with (the loss's, then the page checks'), and the notify checks.
 PAGE_REASONS = (*PAGING_REASONS, *(r for r in CHECK_REASONS if CHECKS[r][0] == PAGE))
 NOTIFY_CHECKS = tuple(r for r in CHECK_REASONS if CHECKS[r][0] == NOTIFY)
@@ -92,6 +95,10 @@ class Episode:
     reasons: tuple[str, ...] = ()
     # "page": the run paged (loss reasons and page checks); "notify": notify checks only.
     severity: str = PAGE
+    # Where to go back, as the episode's first paging tick's row says (SPEC "Where to go back").
+    onset_at: datetime | None = None
+    last_good_at: datetime | None = None
+    last_good_step: int | None = None
 
 
 @dataclass
@@ -102,6 +109,25 @@ class Backtest:
     every_minutes: int
     thresholds: Thresholds
     runs: list[RunHistory] = field(default_factory=list)
+    # The rows `evaluate` writes for one run (cluster, run) at one tick, judged by the checks named
+    # (None: the settings'); lossspike.backtest.run sets it. An episode's onset, last good time and
+    # step are its first paging tick's row's (asked once per episode and kept), and rows_at's
+    # paging rows carry their tick's.
+    judged_rows: Callable[[str, str, datetime, tuple[str, ...] | None], list[dict[str, Any]]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    _went_back: dict[tuple[str, str, datetime], dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+
+    def _go_back(self, episode: Episode) -> dict[str, Any]:
+        """Where the episode's first paging tick's paging row says to go back."""
+        assert self.judged_rows is not None
+        # The first reason names the row: a loss reason's needs no check read, a check's no other
+        # check (the evaluation loss's day-long lookback is most of a read).
+        first = episode.reasons[0] if episode.reasons else episode.reason
+        checks = () if first in PAGING_REASONS else (first,)
+        rows = self.judged_rows(episode.cluster, episode.run, episode.first_tick, checks)
+        paging = [r for r in rows if r.get("severity") == PAGE and r.get("value")]
+        return {key: paging[0].get(key) for key in GO_BACK_KEYS} if paging else {}
 
     def rows_at(self, tick: int) -> list[dict[str, Any]]:
         """The alert rows `evaluate` gives at ticks[tick] (needs detail=True)."""
@@ -130,16 +156,32 @@ class Backtest:
                 # The phase's verdict (lossspike.rules.phase): warming_up or stalled over the windows' reason.
                 pages = reason in PAGING_REASONS
                 row.update(reason=reason, value=int(pages and not row["silenced"]), severity=PAGE if pages else "")
-        if not any(h.checks for h in self.runs):
-            return rows
-        # Each run's firing checks follow its loss row, as evaluate writes them.
-        out = []
+        if any(h.checks for h in self.runs):
+            # Each run's firing checks follow its loss row, as evaluate writes them.
+            out = []
+            for row in rows:
+                out.append(row)
+                history = by_run.get((row["cluster"], row["run"]))
+                for fired, policy in (history.checks or {}).get(tick, []) if history is not None else []:
+                    out.append(check_row(self.ticks[tick], (row["cluster"], row["run"]), row["job"], fired, policy))
+            rows = out
+        return self._with_go_back(rows, tick)
+
+    def _with_go_back(self, rows: list[dict[str, Any]], tick: int) -> list[dict[str, Any]]:
+        """`rows` with where to go back on each paging row (silenced or not), as evaluate's."""
+        paging = {(r["cluster"], r["run"]) for r in rows if r.get("severity") == PAGE and "run" in r and r["run"]}
+        judged = {}
+        if self.judged_rows is not None:
+            for cluster, run in paging:
+                for row in self.judged_rows(cluster, run, self.ticks[tick], None):
+                    judged[(cluster, run, row["reason"])] = row
         for row in rows:
-            out.append(row)
-            history = by_run.get((row["cluster"], row["run"]))
-            for fired, policy in (history.checks or {}).get(tick, []) if history is not None else []:
-                out.append(check_row(self.ticks[tick], (row["cluster"], row["run"]), row["job"], fired, policy))
-        return out
+            if "run" not in row or row.get("cluster") == "fleet" and not row.get("run"):
+                continue
+            found = judged.get((row["cluster"], row["run"], row["reason"]), {})
+            pages = row.get("severity") == PAGE
+            row.update({key: found.get(key) if pages else None for key in GO_BACK_KEYS})
+        return rows
 
     def episodes(self) -> list[Episode]:
         """Every page: maximal runs of consecutive unsilenced paging ticks of a run, by run then time.
@@ -156,7 +198,15 @@ class Backtest:
             loss = np.isin(codes, paging)
             checked = _firing(history, PAGE)
             found += self._spans(history, PAGE, loss, codes, checked)
-        return found
+        if self.judged_rows is None:
+            return found
+        out = []
+        for episode in found:
+            key = (episode.cluster, episode.run, episode.first_tick)
+            if key not in self._went_back:
+                self._went_back[key] = self._go_back(episode)
+            out.append(replace(episode, **self._went_back[key]))
+        return out
 
     def notices(self) -> list[Episode]:
         """Every notice: maximal runs of consecutive ticks of a run with an unsilenced `notify`

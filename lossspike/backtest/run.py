@@ -23,7 +23,8 @@ result and its episodes (lossspike.backtest.result).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,13 +39,21 @@ from lossspike.backtest.result import Backtest, RunHistory
 from lossspike.backtest.ticks import minute_index, policies_in_force
 from lossspike.config.overrides import OverrideRow
 from lossspike.config.settings import Settings
-from lossspike.evaluation.evaluate import checks_in_force
+from lossspike.evaluation.evaluate import checks_in_force, judge, tick_windows
 from lossspike.judge import detectors, minutes
 from lossspike.judge.minutes import Partial
 from lossspike.judge.seed_verdicts import CODES, Verdicts, seed_verdicts
 from lossspike.rules.checks import LOSS_JUMP
 from lossspike.rules.phase import PhaseState, finished_policy, loss_verdict
-from lossspike.rules.rule import DETECTORS, LEVEL_SHIFT, REASONS, RESUME_JUMP, WINDOW_FIELDS, LossWindows, Thresholds
+from lossspike.rules.rule import (
+    DETECTORS,
+    LEVEL_SHIFT,
+    REASONS,
+    RESUME_JUMP,
+    WINDOW_FIELDS,
+    LossWindows,
+    Thresholds,
+)
 from lossspike.sql.backtest import bucket_groups_query
 from lossspike.sql.selection import metric_names
 from lossspike.stores.store import Store
@@ -109,7 +118,7 @@ def backtest(
     checks = [checks_in_force(settings.checks, thresholds, rows) for thresholds in variants]
     check_buckets = read_checks(store, settings, ticks, checks, variants)
     names = {"loss": settings.selection.metric, **metric_names(settings.selection)}
-    return [
+    results = [
         Backtest(
             list(ticks),
             every,
@@ -128,6 +137,32 @@ def backtest(
         )
         for thresholds, listed in zip(variants, checks, strict=True)
     ]
+    for result in results:
+        result.judged_rows = _one_run(store, settings, result.thresholds, overrides)
+    return results
+
+
+def _one_run(
+    store: Store, settings: Settings, thresholds: Thresholds, overrides: bool
+) -> Callable[[str, str, datetime, tuple[str, ...] | None], list[dict[str, Any]]]:
+    """The rows `evaluate` writes for one run at one tick, judged by the checks named (None: the
+    settings'): what the backtest asks for where to go back (SPEC "Where to go back"), one read of
+    the one run per page, so a backtest's cost grows by its pages, not its ticks, and the values
+    are the tick's own by construction."""
+
+    def rows(cluster: str, run: str, tick: datetime, checks: tuple[str, ...] | None) -> list[dict[str, Any]]:
+        one = replace(
+            settings,
+            thresholds=thresholds,
+            selection=replace(settings.selection, run_ids=(run,)),
+            checks=settings.checks if checks is None else checks,
+        )
+        read = store.read_tick(one, tick_windows(one, tick))
+        if not overrides:
+            read = replace(read, overrides=[])
+        return [r for r in judge(read, one, tick) if r["cluster"] == cluster]
+
+    return rows
 
 
 def _histories(

@@ -16,6 +16,9 @@ import pyarrow as pa
 ALERTS_SCHEMA_PATH = Path(__file__).parent.parent / "alerts_schema.json"
 ALERTS_SCHEMA: list[dict[str, str]] = json.loads(ALERTS_SCHEMA_PATH.read_text())
 ALERT_COLUMNS = tuple(column["name"] for column in ALERTS_SCHEMA)
+# Where to go back (SPEC.md): the judge sets them on paging rows only, so a row without them (a
+# healthy row, a notice, the fleet row) is written with NULLs rather than refused.
+GO_BACK_COLUMNS = ("onset_at", "last_good_at", "last_good_step")
 
 # The telemetry columns the query reads, with their DuckDB types (SPEC.md).
 TELEMETRY_COLUMNS = {
@@ -53,6 +56,10 @@ class TelemetryShape:
     has_seq: bool = False
     has_service: bool = True
     has_kind: bool = False
+    # levanter.metrics and the publisher's table carry each row's training step as a column (in
+    # telemetry_v1 it was a metric row of its own, levanter-telemetry-facts.md 5); the contract's
+    # own shape has none. Read for the loss only: a page's last good step (SPEC "Where to go back").
+    has_step: bool = False
 
 
 # The contract's table (SPEC "Data contracts").
@@ -62,7 +69,9 @@ CONTRACT_SHAPE = TelemetryShape()
 SHAPES = {
     "contract": CONTRACT_SHAPE,
     # Finelog's current table: no service column, INT64 process_index, typed kind, server seq.
-    "levanter.metrics": TelemetryShape("timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True),
+    "levanter.metrics": TelemetryShape(
+        "timestamp_ms", "INT64", has_seq=True, has_service=False, has_kind=True, has_step=True
+    ),
     # Its predecessor: STRING process_index, a service column, kind gauge for tracker values.
     "telemetry_v1": TelemetryShape("timestamp_ms", "STRING", has_seq=True, has_service=True, has_kind=True),
 }
@@ -167,6 +176,7 @@ def telemetry_shape(columns: dict[str, str]) -> TelemetryShape:
         has_seq="seq" in present,
         has_service="service" in present,
         has_kind="kind" in present,
+        has_step="step" in present,
     )
 
 
@@ -222,6 +232,14 @@ def telemetry_table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (\n  {columns}\n)"
 
 
+def with_go_back(row: dict) -> dict:
+    """`row` with the where-to-go-back columns it lacks set to None (NULL)."""
+    if all(name in row for name in GO_BACK_COLUMNS):
+        return row
+    return {**dict.fromkeys(GO_BACK_COLUMNS), **row}
+
+
 def alerts_to_arrow(rows: list[dict]) -> pa.Table:
     """The alert rows as an Arrow table in schema order."""
+    rows = [with_go_back(row) for row in rows]
     return pa.Table.from_pylist([{k: row[k] for k in ALERT_COLUMNS} for row in rows], schema=ALERTS_ARROW_SCHEMA)

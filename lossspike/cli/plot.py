@@ -68,6 +68,16 @@ _SAMPLES = "#7fa7cf"
 _REFERENCE = "#444444"
 _BAND = "#ff7f0e"
 _FLOOR = "#2ca02c"
+# Where to go back (SPEC.md): the onset and the last good point of each page, one colour each.
+_ONSET = "#b2182b"
+_LAST_GOOD = "#1a9850"
+# Labels that would overlap drop by this many points per row (a line of 8.5 pt text and a gap).
+LABEL_ROW_POINTS = 11.0
+# A label that still overlaps after this many rows is left on the last: the axes has no more room.
+LABEL_ROWS = 6
+
+# A page's where-to-go-back: (first tick, onset_at, last_good_at, last_good_step).
+_Page = tuple[datetime, datetime | None, datetime | None, int | None]
 
 
 def _pyplot() -> Any:
@@ -152,7 +162,11 @@ def run_figure(
     history = _pick(result, run, cluster)
     t = result.thresholds
     every = timedelta(minutes=result.every_minutes)
+    pages = _go_back(result, history)
     start, end = ticks[0] - timedelta(minutes=t.recent_minutes), ticks[-1]
+    # A page's last good point may lie before the first tick's windows: the plot reaches back to it.
+    marked = [when for _, onset, last_good, _ in pages for when in (onset, last_good) if when is not None]
+    start = min([start, *(when - every for when in marked)])
     raw = store.fetch(
         run_samples_query(
             store.dialect,
@@ -273,19 +287,26 @@ def run_figure(
     )
 
     shown = []
+    episode_labels = []
     for reason, first, last in _episodes(history, list(ticks)):
         axes.axvspan(first, last + every, color=REASON_COLOURS[reason], alpha=0.22, linewidth=0)
         if reason != WARMING_UP:
-            axes.annotate(
-                f"{reason} from {first:%H:%M} ",
-                xy=(first, top - inset),
-                ha="right",
-                va="top",
-                fontsize=8.5,
-                color=REASON_COLOURS[reason],
+            episode_labels.append(
+                axes.annotate(
+                    f"{reason} from {first:%H:%M} ",
+                    xy=(first, top - inset),
+                    xytext=(0, 0),
+                    textcoords="offset points",
+                    ha="right",
+                    va="top",
+                    fontsize=8.5,
+                    color=REASON_COLOURS[reason],
+                    gid="episode",
+                )
             )
         if reason not in shown:
             shown.append(reason)
+    go_back_labels = _draw_go_back(axes, pages, sample_times, values, finite, bottom, top)
     checked = []
     for reason, first, last in check_episodes(history, list(ticks)):
         axes.axvspan(first, last + every, ymin=0.0, ymax=CHECK_STRIP, color=CHECK_COLOURS[reason], linewidth=0)
@@ -320,7 +341,102 @@ def run_figure(
         f" from {format_rfc3339(ticks[0])} to {format_rfc3339(ticks[-1])}\n{describe(t)}",
         fontsize=10.5,
     )
+    _stagger(figure, episode_labels, down=True)
+    _stagger(figure, go_back_labels, down=False)
     return figure
+
+
+def _go_back(result: Backtest, history: RunHistory) -> list[_Page]:
+    """(first tick, onset_at, last_good_at, last_good_step) of each page of the plotted run, from its
+    first paging tick (SPEC.md, "Where to go back"); pages without an onset are left out."""
+    pages = []
+    for episode in result.episodes():
+        if (episode.cluster, episode.run) != (history.cluster, history.run):
+            continue
+        onset, last_good = episode.onset_at, episode.last_good_at
+        if onset is not None or last_good is not None:
+            pages.append((episode.first_tick, onset, last_good, episode.last_good_step))
+    return pages
+
+
+def _draw_go_back(
+    axes: Any,
+    pages: list[_Page],
+    sample_times: np.ndarray,
+    values: np.ndarray,
+    finite: np.ndarray,
+    bottom: float,
+    top: float,
+) -> list[Any]:
+    """Mark each page's onset (a dashed line) and last good point (a ring on its sample, a dotted
+    line where the sample is off the plot), each with a label the on-call reads the time and step from."""
+    labels = []
+    # Above the checks' strip, so the labels never cover a check episode.
+    low = bottom + (top - bottom) * (CHECK_STRIP + 0.01)
+    onset_label, last_good_label = "onset (the excursion began)", "last good point (resume at or before it)"
+    for _, onset, last_good, step in pages:
+        if onset is not None:
+            axes.axvline(onset, color=_ONSET, linestyle="--", linewidth=1.4, label=onset_label, gid="onset")
+            onset_label = "_nolegend_"
+            labels.append(_mark_label(axes, f" onset {onset:%H:%M:%S}", onset, low, _ONSET, "onset"))
+        if last_good is not None:
+            at = np.flatnonzero((sample_times == last_good) & finite)
+            y = float(values[at[-1]]) if len(at) else math.nan
+            if bottom <= y <= top:
+                axes.plot(
+                    [last_good],
+                    [y],
+                    "o",
+                    markersize=9,
+                    markerfacecolor="none",
+                    markeredgewidth=2,
+                    color=_LAST_GOOD,
+                    label=last_good_label,
+                    gid="last_good",
+                )
+            else:
+                axes.axvline(last_good, color=_LAST_GOOD, linestyle=":", linewidth=1.4, label=last_good_label)
+            last_good_label = "_nolegend_"
+            where = f"{last_good:%H:%M:%S}" + ("" if step is None else f", step {step}")
+            labels.append(_mark_label(axes, f"last good {where} ", last_good, low, _LAST_GOOD, "last_good"))
+    return labels
+
+
+def _mark_label(axes: Any, text: str, when: datetime, y: float, colour: str, gid: str) -> Any:
+    # A last good point sits left of its onset: its label reads leftwards, the onset's rightwards.
+    return axes.annotate(
+        text,
+        xy=(when, y),
+        xytext=(0, 0),
+        textcoords="offset points",
+        ha="right" if gid == "last_good" else "left",
+        va="bottom",
+        fontsize=8,
+        color=colour,
+        gid=f"{gid}_label",
+    )
+
+
+def _stagger(figure: Any, labels: list[Any], down: bool) -> None:
+    """Move each label that would overlap an earlier one a row down (or up) until it overlaps none.
+
+    The extents are measured on a drawn figure; the labels are kept out of the constrained layout,
+    so moving them does not move the axes they were measured on.
+    """
+    if len(labels) < 2:
+        return
+    for label in labels:
+        label.set_in_layout(False)
+    renderer = figure.canvas.get_renderer()
+    figure.canvas.draw()
+    placed: list[Any] = []
+    for label in sorted(labels, key=lambda a: a.xy[0]):
+        for row in range(LABEL_ROWS):
+            label.set_position((0, (-row if down else row) * LABEL_ROW_POINTS))
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        placed.append(label.get_window_extent(renderer))
 
 
 def plot_run(

@@ -42,7 +42,11 @@ TELEMETRY_BYTES = {
 # docs/data-contracts.md): the contract's eight where the shape has them (timestamp_ms is 8 B like
 # timestamp; levanter.metrics has no `service`), and the columns that pick the rows that count:
 # process_index (INT64 8 B in levanter.metrics, STRING '0' 3 B in telemetry_v1), kind ('scalar'
-# 8 B, 'gauge' 7 B: only scalar rows are samples) and the INT64 seq (8 B, newest-row ties).
+# 8 B, 'gauge' 7 B: only scalar rows are samples), the INT64 seq (8 B, newest-row ties) and in
+# levanter.metrics the INT64 step (8 B: a page's last good step, SPEC "Where to go back"; the view's
+# per-minute MAX of the loss's step names the column, so its refresh bills it for every row: a
+# query is billed for every column it references over the rows it scans,
+# https://cloud.google.com/bigquery/docs/best-practices-costs).
 SHAPE_COLUMN_BYTES = {
     "contract": TELEMETRY_BYTES,
     "levanter.metrics": {
@@ -51,6 +55,7 @@ SHAPE_COLUMN_BYTES = {
         "process_index": 8,
         "kind": 8,
         "seq": 8,
+        "step": 8,
     },
     "telemetry_v1": {
         **{k: v for k, v in TELEMETRY_BYTES.items() if k != "timestamp"},
@@ -102,9 +107,10 @@ KEYS = ("run_cluster", "run_id", "execution_uid", "minute")
 SHARED = ("samples", "sample_at", "job", "job_at")
 
 
-def _role_bytes(role: str, has_seq: bool = False) -> dict[str, float]:
+def _role_bytes(role: str, has_seq: bool = False, has_step: bool = False) -> dict[str, float]:
     """The bytes of a view row of `role` in each column it holds (a NULL is 0 bytes); with
-    `has_seq`, a loss row and an other row (the phase's) hold a choosing_seq."""
+    `has_seq`, a loss row and an other row (the phase's) hold a choosing_seq; with `has_step`, a
+    loss row holds its minute's largest step (NULL without a step column)."""
     sizes = {c: LOSS_ROW_BYTES[c] for c in KEYS} | {"metric": 2 + len(role)}
     sizes |= {c: LOSS_ROW_BYTES.get(c, 8) for c in SHARED}
     if role == "loss":
@@ -117,6 +123,8 @@ def _role_bytes(role: str, has_seq: bool = False) -> dict[str, float]:
         sizes |= {c: 8 for c in PHASE_COLUMNS}
     if has_seq and role in ("loss", ""):
         sizes["choosing_seq"] = 8
+    if has_step and role == "loss":
+        sizes["last_loss_step"] = 8
     return sizes
 
 
@@ -127,7 +135,10 @@ ROLE_BYTES_WITH_SEQ = {role: _role_bytes(role, has_seq=True) for role in ROLE_RO
 
 def role_bytes(shape: str) -> dict[str, dict[str, float]]:
     """The view's bytes per role and column for a telemetry table of `shape`."""
-    return ROLE_BYTES_WITH_SEQ if "seq" in SHAPE_COLUMN_BYTES[shape] else ROLE_BYTES
+    columns = SHAPE_COLUMN_BYTES[shape]
+    if "step" in columns:
+        return {role: _role_bytes(role, has_seq="seq" in columns, has_step=True) for role in ROLE_ROWS}
+    return ROLE_BYTES_WITH_SEQ if "seq" in columns else ROLE_BYTES
 
 
 # The mean bytes a rollup row holds in each column.

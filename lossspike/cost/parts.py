@@ -134,18 +134,21 @@ VIEW_READ_PARTS = (
             *SHARED,
             *(c for c in LOSS_ROW_BYTES if c.startswith("loss_")),
             "last_loss_at",
+            "last_loss_step",
             *PHASE_COLUMNS,
             "choosing_seq",
         ),
     ),
     ("checks", ("",), ("checks", 0), _CHECK_COLUMNS),
     ("eval", ("eval",), ("eval", 0), (*KEYS, "metric", "eval_last_finite", "eval_last_finite_at")),
-    # The history part's peak is instability's test of a run's own excursions (8 bytes a loss row).
+    # The history part's peak is instability's test of a run's own excursions (8 bytes a loss row);
+    # its newest loss time and step, slow divergence's last good point (8 bytes each, the step
+    # NULL without a step column).
     (
         "history",
         ("loss",),
         ("history", "hour"),
-        (*KEYS, "metric", "loss_base", "loss_finite", "loss_sum", "loss_peak"),
+        (*KEYS, "metric", "loss_base", "loss_finite", "loss_sum", "loss_peak", "last_loss_at", "last_loss_step"),
     ),
     # loss_jump's earlier ticks of the checks' pending period: the loss's minutes just before the hour.
     ("pending", ("loss",), ("loss_before_start", "hour"), (*KEYS, "metric", "loss_finite", "loss_floor")),

@@ -24,7 +24,7 @@ from lossspike.config.overrides import (
     unusable_summary,
 )
 from lossspike.config.settings import Settings
-from lossspike.judge import minutes
+from lossspike.judge import minutes, onset
 from lossspike.judge.detectors import LIMITS, detect, recent_width
 from lossspike.judge.minutes import Partial, Previous, TickRuns
 from lossspike.rules.checks import (
@@ -42,6 +42,7 @@ from lossspike.rules.phase import finished_policy, loss_verdict
 from lossspike.rules.rule import (
     HEALTHY,
     INSTABILITY,
+    PAGE,
     PAGING_REASONS,
     RESUME_JUMP,
     SLOW_DIVERGENCE,
@@ -132,11 +133,14 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
     phases = runs.phases or [None] * len(runs.keys)
     levels = jump_levels_by_tick(runs, windows.loss_before, t.recent_minutes) if checks else []
     for i, key in enumerate(runs.keys):
-        windows_i, reason, finding = loss[i]
+        windows_i, reason, finding, width = loss[i]
         reason, policy = loss_verdict(reason, phases[i], windows_i.last_loss_at, now, policies[i])
         if reason != loss[i][1]:
             finding = None
-        rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy))
+        back = onset.NONE
+        if reason in PAGING_REASONS:
+            back = loss_onset(runs, i, now, reason, policy.thresholds, windows_i, finding, width)
+        rows.append(loss_row(now, key, runs.jobs[i], windows_i, reason, finding, policy, back))
         if not checks:
             continue
         data_at = _checks_as_of(runs, i, now, levels, names)
@@ -152,7 +156,10 @@ def judge(read: TickRead, settings: Settings, now: datetime) -> list[dict[str, A
             while stop < len(checks) and scopes[stop] is scoped:
                 stop += 1
             for fired in run_checks_pending(data_at, reason, scoped.thresholds, checks[start:stop]):
-                rows.append(check_row(now, key, runs.jobs[i], fired, scoped))
+                back = onset.NONE
+                if fired.severity == PAGE:
+                    back = check_onset(runs, i, now, fired, scoped.thresholds)
+                rows.append(check_row(now, key, runs.jobs[i], fired, scoped, back))
             start = stop
     return rows
 
@@ -216,8 +223,9 @@ def checks_in_force(
 
 def judge_loss(
     runs: TickRuns, thresholds: list[Thresholds], detectors: tuple[str, ...], now: datetime
-) -> list[tuple[LossWindows, str, tuple[float, float] | None]]:
-    """Per run: its seed windows, its loss reason, and what fired a detector (observed, limit)."""
+) -> list[tuple[LossWindows, str, tuple[float, float] | None, int]]:
+    """Per run: its seed windows, its loss reason, what fired a detector (observed, limit), and
+    the recent window's width the detectors judged it on."""
     hour = runs.grid.n.shape[1]
     recent = {t.recent_minutes for t in thresholds}
     seed = []
@@ -229,12 +237,12 @@ def judge_loss(
         )
         seed.append((width, fields))
     by_width = dict(seed)
-    out: list[tuple[LossWindows, str, tuple[float, float] | None]] = []
+    out: list[tuple[LossWindows, str, tuple[float, float] | None, int]] = []
     reasons: list[str] = []
     for i, t in enumerate(thresholds):
         windows = LossWindows(**by_width[t.recent_minutes][i], last_loss_at=runs.last_loss_at[i])
         reason, _ = loss_spike_reason(windows, t, now)
-        out.append((windows, reason, None))
+        out.append((windows, reason, None, t.recent_minutes))
         reasons.append(reason)
     if not detectors:
         return out
@@ -244,7 +252,7 @@ def judge_loss(
             and w.baseline_samples >= t.min_baseline_samples
             and w.recent_samples < t.min_recent_samples
             and not is_stalled(w.last_loss_at, now, t)
-            for (w, r, _), t in zip(out, thresholds, strict=True)
+            for (w, r, _, _), t in zip(out, thresholds, strict=True)
         ]
     )
     widths = np.array([t.recent_minutes for t in thresholds])
@@ -268,14 +276,56 @@ def judge_loss(
     found = detect(grid, widths[pick], runs.history_n[pick], runs.history_sum[pick], limits, detectors, peaks, previous)
     for k, i in enumerate(pick.tolist()):
         windows = out[i][0]
+        out[i] = (windows, out[i][1], None, int(widths[i]))
         for name, finding in found.items():
             # A warming-up run that is not slow-stepping is judged by resume_jump alone.
             if warming[i] and not slow[i] and name != RESUME_JUMP:
                 continue
             if finding.fired[k]:
-                out[i] = (windows, name, (float(finding.observed[k]), float(finding.limit[k])))
+                out[i] = (windows, name, (float(finding.observed[k]), float(finding.limit[k])), int(widths[i]))
                 break
     return out
+
+
+def _now_us(now: datetime) -> int:
+    return int((now - minutes.instant(0)) // timedelta(microseconds=1))
+
+
+def loss_onset(
+    runs: TickRuns,
+    i: int,
+    now: datetime,
+    reason: str,
+    t: Thresholds,
+    windows: LossWindows,
+    finding: tuple[float, float] | None,
+    width: int,
+) -> onset.Onset:
+    """Run i's paging loss row's onset and last good point (lossspike.judge.onset)."""
+    if runs.trail is None:
+        return onset.NONE
+    now_us = _now_us(now)
+    trail = runs.trail
+    step = int(trail.last_loss_step[i])
+    return onset.for_loss(
+        reason,
+        onset.run_minutes(runs, i, now_us),
+        t,
+        windows,
+        finding,
+        width,
+        previous=onset.run_minutes(runs, i, now_us, previous=True),
+        history=(runs.history_n[i], runs.history_sum[i], trail.history_last_at[i], trail.history_last_step[i]),
+        last_loss_step=None if step == minutes.NO_STEP else step,
+    )
+
+
+def check_onset(runs: TickRuns, i: int, now: datetime, fired: Any, t: Thresholds) -> onset.Onset:
+    """Run i's paging check row's onset and last good point (lossspike.judge.onset)."""
+    if runs.trail is None:
+        return onset.NONE
+    now_us = _now_us(now)
+    return onset.for_check(fired.reason, onset.run_minutes(runs, i, now_us), t, runs.checks[i], now_us, fired.threshold)
 
 
 def loss_row(
@@ -286,10 +336,15 @@ def loss_row(
     reason: str,
     finding: tuple[float, float] | None,
     policy: RunPolicy,
+    back: onset.Onset = onset.NONE,
 ) -> dict[str, Any]:
-    """A run's loss row: the seed windows behind the verdict, and what fired a detector."""
+    """A run's loss row: the seed windows behind the verdict, what fired a detector, and for a row
+    that pages (silenced or not) where to go back."""
     t = policy.thresholds
     pages = reason in PAGING_REASONS
+    note = policy.note
+    if back.before_window:
+        note = onset.BEFORE_WINDOW_NOTE if not note else f"{note}; {onset.BEFORE_WINDOW_NOTE}"
     return {
         "evaluated_at": now,
         "cluster": key[0],
@@ -301,16 +356,20 @@ def loss_row(
         "reference": reference(windows, t),
         "band": band(windows, t),
         "silenced": policy.silenced,
-        "note": policy.note,
+        "note": note,
         "severity": "page" if pages else "",
         "metric": None,
         "observed": None if finding is None else finding[0],
         "threshold": None if finding is None else finding[1],
+        **(back if pages else onset.NONE).columns(),
     }
 
 
-def check_row(now: datetime, key: tuple[str, str], job: str, fired: Any, policy: RunPolicy) -> dict[str, Any]:
-    """A firing check's row: the loss statistics are NULL, the check's own columns say why."""
+def check_row(
+    now: datetime, key: tuple[str, str], job: str, fired: Any, policy: RunPolicy, back: onset.Onset = onset.NONE
+) -> dict[str, Any]:
+    """A firing check's row: the loss statistics are NULL, the check's own columns say why, and a
+    `page` check's row says where to go back."""
     empty = LossWindows()
     return {
         "evaluated_at": now,
@@ -331,4 +390,5 @@ def check_row(now: datetime, key: tuple[str, str], job: str, fired: Any, policy:
         "metric": fired.metric,
         "observed": fired.observed,
         "threshold": fired.threshold,
+        **(back if fired.severity == PAGE else onset.NONE).columns(),
     }

@@ -132,4 +132,22 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
         for line in [header, *body]
     ]
     when = format_rfc3339(rows[0]["evaluated_at"]) if rows else ""
-    return f"evaluated at {when}\n" + "\n".join(lines) + "\n"
+    return f"evaluated at {when}\n" + "\n".join(lines + _go_back_lines(rows)) + "\n"
+
+
+def _go_back_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Below the table, one line per paging row that knows where to go back (SPEC "Where to go
+    back"): the on-call's next question after "what broke", too wide for a column."""
+    out = []
+    for row in rows:
+        onset, good, step = row.get("onset_at"), row.get("last_good_at"), row.get("last_good_step")
+        if onset is None and good is None:
+            continue
+        parts = [f"onset {format_rfc3339(onset)}" if onset is not None else "onset unknown"]
+        if good is not None:
+            parts.append(f"last good {format_rfc3339(good)}" + (f" (step {step})" if step is not None else ""))
+        else:
+            parts.append("no good loss before it in the window")
+        name = f"{_cell(row.get('cluster'))}/{_cell(row.get('run'))} {_cell(row.get('reason'))}"
+        out.append(f"{name}: " + ", ".join(parts))
+    return [""] + out if out else []

@@ -290,6 +290,46 @@ class TickRuns(NamedTuple):
     # resume_jump's reference: the previous attempt's hour grid and history blocks, per run
     # (empty where there is none, and with attempts='all', where no attempt is new).
     previous: Previous | None = None
+    # Where to go back (lossspike.judge.onset): per minute of the hour, the newest loss sample's
+    # time (microseconds, NO_TIME without one) and step (NO_STEP without one), of the judged
+    # attempt and of the previous one; per history block, the judged attempt's; per run, the step
+    # of the newest loss sample of any attempt (`last_loss_at`'s).
+    trail: Trail | None = None
+
+
+# A minute or block without a step: the table has no step column, or it holds no loss row.
+NO_STEP = -1
+
+
+class Trail(NamedTuple):
+    """The sample-level bounds the minute layer keeps for a page's last good point."""
+
+    last_at: np.ndarray
+    last_step: np.ndarray
+    previous_last_at: np.ndarray
+    previous_last_step: np.ndarray
+    history_last_at: np.ndarray
+    history_last_step: np.ndarray
+    last_loss_step: np.ndarray
+
+
+def steps(table: pa.Table, name: str = "last_loss_step") -> np.ndarray:
+    """A step column as int64, NULL (or a missing column) as NO_STEP."""
+    if name not in table.column_names:
+        return np.full(table.num_rows, NO_STEP, dtype=np.int64)
+    return filled(table, name, NO_STEP, np.int64)
+
+
+def _latest_per_cell(
+    cells: np.ndarray, times: np.ndarray, step: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, the greatest time and the step of a row holding it (its largest)."""
+    at = np.full(size, NO_TIME, dtype=np.int64)
+    np.maximum.at(at, cells, times)
+    out = np.full(size, NO_STEP, dtype=np.int64)
+    newest_rows = (times == at[cells]) & (times != NO_TIME)
+    np.maximum.at(out, cells[newest_rows], step[newest_rows])
+    return at, out
 
 
 class Previous(NamedTuple):
@@ -346,7 +386,7 @@ def tick_runs(
     # Each part's rows keep only the part's columns: the read is wide and mostly NULL.
     loss_columns = [c for c in table.column_names if c.startswith("loss_")]
     hour_columns = ["minute", "sample_at", *loss_columns, "last_loss_at", "job", "job_at", *PHASE_COLUMNS]
-    hour_columns += [c for c in ("choosing_seq",) if c in table.column_names]
+    hour_columns += [c for c in ("choosing_seq", "last_loss_step") if c in table.column_names]
     hour_rows = table.select(hour_columns).filter(pa.array(in_hour))
     keys, owners = run_keys(table, in_hour)
     run = owners[in_hour]
@@ -372,8 +412,12 @@ def tick_runs(
     cells = run[judged] * hour + slots[judged]
     samples = np.bincount(cells, filled(hour_rows, "loss_samples", 0, np.int64)[judged], size * hour)
     not_finite = np.bincount(cells, filled(hour_rows, "loss_not_finite", 0, np.int64)[judged], size * hour)
-    loss_at = np.full(size, NO_TIME, dtype=np.int64)
-    np.maximum.at(loss_at, run, micros(hour_rows, "last_loss_at"))
+    loss_times = micros(hour_rows, "last_loss_at")
+    loss_steps = steps(hour_rows)
+    loss_at, loss_step = _latest_per_cell(run, loss_times, loss_steps, size)
+    last_at, last_step = _latest_per_cell(cells, loss_times[judged], loss_steps[judged], size * hour)
+    earlier_cells = run[earlier] * hour + slots[earlier]
+    previous_at, previous_step = _latest_per_cell(earlier_cells, loss_times[earlier], loss_steps[earlier], size * hour)
     job_row = newest(run, micros(hour_rows, "job_at"), size)
     mine = hour_codes == chosen[run]
     attempt_losses = np.bincount(run[mine], filled(hour_rows, "loss_samples", 0, np.int64)[mine], size)
@@ -411,12 +455,20 @@ def tick_runs(
         cell, keep = block_of(rows, owner)
         np.add.at(previous_n, cell, filled(rows, "loss_finite", 0, np.float64)[keep])
         np.add.at(previous_sum, cell, filled(rows, "loss_sum", 0.0, np.float64)[keep])
-    rows, owner = rows_of("history", attempts != "all", ["minute", "loss_finite", "loss_sum", "loss_peak"])
+    history_columns = ["minute", "loss_finite", "loss_sum", "loss_peak", "last_loss_at", "last_loss_step"]
+    rows, owner = rows_of("history", attempts != "all", [c for c in history_columns if c in table.column_names])
+    history_at = np.full(size * blocks, NO_TIME, dtype=np.int64)
+    history_step = np.full(size * blocks, NO_STEP, dtype=np.int64)
     if rows.num_rows and blocks:
         cell, keep = block_of(rows, owner)
         np.add.at(history_n, cell, filled(rows, "loss_finite", 0, np.float64)[keep])
         np.add.at(history_sum, cell, filled(rows, "loss_sum", 0.0, np.float64)[keep])
         np.maximum.at(history_peak, cell, filled(rows, "loss_peak", -np.inf, np.float64)[keep])
+        if "last_loss_at" in rows.column_names:
+            flat = cell[0] * blocks + cell[1]
+            history_at, history_step = _latest_per_cell(
+                flat, micros(rows, "last_loss_at")[keep], steps(rows)[keep], size * blocks
+            )
 
     rows, owner = rows_of("checks", True, ["minute", *(c for c in table.column_names if c.startswith(_DENSE_PREFIXES))])
     checks = _check_metrics(rows, owner, size)
@@ -460,6 +512,15 @@ def tick_runs(
         phases,
         history_peak,
         Previous(previous_grid, previous_n, previous_sum, history_n),
+        Trail(
+            last_at.reshape(size, hour),
+            last_step.reshape(size, hour),
+            previous_at.reshape(size, hour),
+            previous_step.reshape(size, hour),
+            history_at.reshape(size, blocks),
+            history_step.reshape(size, blocks),
+            loss_step,
+        ),
     )
 
 

@@ -55,6 +55,9 @@ MINUTE_TYPES = {
     "loss_floor": "FLOAT64",
     "loss_peak": "FLOAT64",
     "last_loss_at": "TIMESTAMP",
+    # The largest step of the bucket's loss rows (the newest sample's, steps rising within an
+    # attempt): a page's last good step. NULL where the table has no step column.
+    "last_loss_step": "INT64",
     "job": "STRING",
     "job_at": "TIMESTAMP",
     **{f"{key}_{part}": kind for key in CHECK_METRICS for part, kind in CHECK_PARTS.items()},
@@ -68,7 +71,7 @@ MINUTE_TYPES = {
     "choosing_seq": "INT64",
 }
 MINUTE_COLUMNS = tuple(MINUTE_TYPES)
-LOSS_COLUMNS = MINUTE_COLUMNS[8:16]
+LOSS_COLUMNS = MINUTE_COLUMNS[8:17]
 PHASE_COLUMNS = ("phase_last", "phase_last_at", "phase_first_at")
 
 
@@ -172,6 +175,7 @@ def loss_buckets(
             # The finite losses; NULL elsewhere, which every aggregate below skips.
             f"{d.if_.format(finite, 'value')} AS loss_value",
             *loss_seq,
+            *(["step AS loss_step"] if shape.has_step else []),
         ],
         f"{time_between(d, shape, params, start, end)}\n    AND name = {p('metric')}",
         shape,
@@ -216,6 +220,7 @@ def loss_buckets(
         "loss_floor": "MIN(loss_value)",
         "loss_peak": "MAX(loss_value)",
         "last_loss_at": "MAX(timestamp)",
+        "last_loss_step": "MAX(loss_step)" if shape.has_step else f"CAST(NULL AS {d.types.get('INT64', 'INT64')})",
         **job,
     }
 
@@ -243,7 +248,7 @@ def loss_buckets(
         "loss_base": typed_null("loss_base"),
         "samples": "COUNT(*)",
         "sample_at": "MAX(timestamp)",
-        **{c: "0" if MINUTE_TYPES[c] == "INT64" else typed_null(c) for c in LOSS_COLUMNS},
+        **{c: "0" if MINUTE_TYPES[c] == "INT64" and c != "last_loss_step" else typed_null(c) for c in LOSS_COLUMNS},
         **job,
         # The newest phase row by (time, seq): a run's last step and finish() may write TRAINING
         # and FINISHED in one millisecond, and FINISHED is the one Finelog wrote later.
@@ -352,7 +357,7 @@ GROUP BY run_cluster, run_id, execution_uid, bucket_minute, name"""
 
 def merged(column: str, value: str) -> str:
     """The aggregate merging a loss column's `value` over buckets."""
-    fn = {"loss_floor": "MIN", "loss_peak": "MAX", "last_loss_at": "MAX"}.get(column, "SUM")
+    fn = {"loss_floor": "MIN", "loss_peak": "MAX", "last_loss_at": "MAX", "last_loss_step": "MAX"}.get(column, "SUM")
     return f"{fn}({value})"
 
 

@@ -106,6 +106,10 @@ def minute_buckets(
         "loss_floor": f"MIN({when(f'{is_loss} AND {finite}', 'value')})",
         "loss_peak": f"MAX({when(f'{is_loss} AND {finite}', 'value')})",
         "last_loss_at": f"MAX({when(is_loss, t)})",
+        # An aggregate either way, like every other column of the view.
+        "last_loss_step": f"MAX({when(is_loss, 'step')})"
+        if shape.has_step
+        else f"MAX(CAST(NULL AS {d.types.get('INT64', 'INT64')}))",
         "job": newest_job(d, newest_key),
         "job_at": f"MAX({when(JOB_PRESENT, t)})",
     }

@@ -29,7 +29,17 @@ from lossspike.sql.bucket import (
     phase_merged,
     spread_checks,
 )
-from lossspike.sql.dialects import BIGQUERY, Dialect, Query, bound_query, instant, quote_table, time_between, time_bound
+from lossspike.sql.dialects import (
+    BIGQUERY,
+    Dialect,
+    Query,
+    as_timestamp,
+    bound_query,
+    instant,
+    quote_table,
+    time_between,
+    time_bound,
+)
 from lossspike.sql.selection import DENSE_CHECK_METRICS, Selection, attempt_filter, raw_rows, samples_cte, watched_runs
 
 # The parts of a tick's read, each a UNION ALL branch over the minute buckets.
@@ -218,6 +228,9 @@ def _view_parts(
                     "loss_sum": f"SUM({d.if_.format(attempt, 'loss_base * loss_finite + loss_sum')})",
                     # The block's peak: instability's test of the run's own excursions.
                     "loss_peak": loss("loss_peak"),
+                    # Its newest loss sample and step: slow divergence's last good point.
+                    "last_loss_at": loss("last_loss_at"),
+                    "last_loss_step": loss("last_loss_step"),
                 },
             )
         )
@@ -255,6 +268,8 @@ def _history_blocks(
             "execution_uid",
             f"{block} AS block",
             f"{d.if_.format(finite, 'value')} AS loss_value",
+            as_timestamp(d, shape),
+            *(["step AS loss_step"] if shape.has_step else []),
         ],
         f"{time_between(d, shape, params, 'history_start', 'hour_start')}\n    AND name = {p('metric')}",
         shape,
@@ -268,6 +283,9 @@ def _history_blocks(
         "loss_finite": f"COUNT({judged('loss_value')})",
         "loss_sum": f"SUM({judged('loss_value')})",
         "loss_peak": f"MAX({judged('loss_value')})",
+        # The block's newest loss sample and step: slow divergence's last good point.
+        "last_loss_at": f"MAX({judged('timestamp')})",
+        **({"last_loss_step": f"MAX({judged('loss_step')})"} if shape.has_step else {}),
     }
     return (
         f"SELECT\n    {_part(d, HISTORY_PART, chosen)}\n  FROM (\n  {rows}\n  ) AS history"

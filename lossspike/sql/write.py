@@ -35,3 +35,29 @@ def append_sql(alerts_table: str, columns: tuple[str, ...]) -> str:
     listed = ", ".join(columns)
     values = ", ".join(f"source.{c}" for c in columns)
     return f"INSERT INTO {table} ({listed})\nSELECT {values} FROM UNNEST(@rows) AS source"
+
+
+# The alert schema's types (alerts_schema.json, the REST API's legacy names) as GoogleSQL DDL types.
+_DDL_TYPES = {"TIMESTAMP": "TIMESTAMP", "STRING": "STRING", "INTEGER": "INT64", "FLOAT": "FLOAT64", "BOOLEAN": "BOOL"}
+
+
+def add_columns_script(alerts_table: str, columns: list[dict[str, str]]) -> str:
+    """Add NULLABLE `columns` (alerts_schema.json entries) to a table an earlier release made.
+
+    One ALTER per column: BigQuery takes several ADD COLUMN clauses in one statement, the emulator
+    the tests run on only one. IF NOT EXISTS makes a second tick doing the same a no-op. Existing
+    rows read NULL in the new columns; nothing is rewritten ("Add an empty column",
+    https://cloud.google.com/bigquery/docs/managing-table-schemas; the statement:
+    https://cloud.google.com/bigquery/docs/reference/standard-sql/data-definition-language#alter_table_add_column_statement).
+    """
+    table = quote_table(BIGQUERY, alerts_table)
+    statements = []
+    for column in columns:
+        if column["mode"] != "NULLABLE":
+            raise ValueError(f"column {column['name']!r} is {column['mode']}: only a NULLABLE column can be added")
+        description = column.get("description", "").replace("\\", "\\\\").replace('"', '\\"')
+        statements.append(
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column['name']} {_DDL_TYPES[column['type']]}"
+            f' OPTIONS (description = "{description}");'
+        )
+    return "\n".join(statements)

@@ -27,12 +27,12 @@ from google.cloud import bigquery
 from lossspike.base.deadline import Deadline
 from lossspike.base.errors import StoreError
 from lossspike.base.schema import (
-    ALERT_COLUMNS,
     ALERTS_SCHEMA,
     TelemetryShape,
     missing_telemetry_columns,
     telemetry_shape,
     telemetry_type_problem,
+    with_go_back,
 )
 from lossspike.config.override_tables import overrides_select, overrides_table_name
 from lossspike.config.overrides import (
@@ -45,7 +45,7 @@ from lossspike.config.settings import Settings
 from lossspike.sql.dialects import BIGQUERY, Query
 from lossspike.sql.rollup_view import REFRESH_FAILED, refresh_statement, with_refresh_status
 from lossspike.sql.tick import OTHER_ROWS, TICK_READ_TYPES, TickWindows, tick_read_query, with_rows_of
-from lossspike.sql.write import append_sql, write_script
+from lossspike.sql.write import add_columns_script, append_sql, write_script
 from lossspike.stores.store import TickRead
 
 # Scheduler gives an attempt 60 s and the function 50 s; a tick needs two jobs,
@@ -101,14 +101,21 @@ def query_parameters(params: dict[str, Any]) -> list[bigquery.ScalarQueryParamet
     return out
 
 
-def _rows_parameter(rows: list[dict[str, Any]]) -> bigquery.ArrayQueryParameter:
+def _written_columns(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The alert columns a write sends: every REQUIRED one, and each NULLABLE one some row sets.
+
+    A column no row of the request sets is left out of the INSERT and reads NULL all the same;
+    most rows leave most check and where-to-go-back columns NULL, and every column sent costs
+    request bytes (and the emulator's time, which bounds the fleet the cloud tests can tick).
+    """
+    return [c for c in ALERTS_SCHEMA if c["mode"] == "REQUIRED" or any(row[c["name"]] is not None for row in rows)]
+
+
+def _rows_parameter(rows: list[dict[str, Any]], columns: list[dict[str, str]]) -> bigquery.ArrayQueryParameter:
     structs = [
         bigquery.StructQueryParameter(
             None,
-            *(
-                bigquery.ScalarQueryParameter(c["name"], _STRUCT_TYPES[c["type"]], row[c["name"]])
-                for c in ALERTS_SCHEMA
-            ),
+            *(bigquery.ScalarQueryParameter(c["name"], _STRUCT_TYPES[c["type"]], row[c["name"]]) for c in columns),
         )
         for row in rows
     ]
@@ -149,6 +156,8 @@ class BigQueryStore:
         self._overrides: tuple[Any, datetime | None, list[OverrideRow]] = (None, None, [])
         self._overrides_seen: tuple[Any, datetime | None] = (None, None)
         self._overrides_version: Any = None
+        # Whether this store has seen the alerts table hold every column it writes (checked once).
+        self._alerts_upgraded = False
 
     def close(self) -> None:
         self.client.close()
@@ -372,10 +381,13 @@ class BigQueryStore:
         """
         now = rows[0]["evaluated_at"]
         table = self.settings.alerts_table
+        self._upgrade_alerts(deadline)
         for start in range(0, len(rows), MAX_ROWS_PER_WRITE):
-            chunk = rows[start : start + MAX_ROWS_PER_WRITE]
-            sql = write_script(table, ALERT_COLUMNS) if start == 0 else append_sql(table, ALERT_COLUMNS)
-            parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk)]
+            chunk = [with_go_back(row) for row in rows[start : start + MAX_ROWS_PER_WRITE]]
+            columns = _written_columns(chunk)
+            names = tuple(c["name"] for c in columns)
+            sql = write_script(table, names) if start == 0 else append_sql(table, names)
+            parameters = [bigquery.ScalarQueryParameter("now", "TIMESTAMP", now), _rows_parameter(chunk, columns)]
             try:
                 self._run(sql, parameters, "write", deadline)
             except _FAILURES as error:
@@ -384,6 +396,39 @@ class BigQueryStore:
                 )
                 raise StoreError(f"writing {table} failed{written}: {_one_line(error)}") from error
         return len(rows)
+
+    def _upgrade_alerts(self, deadline: Deadline | None) -> None:
+        """Give an alerts table made by an earlier release the NULLABLE columns it lacks, keeping its rows.
+
+        Once per store: the schema is metadata (free), and the function deployed by the same
+        `terraform apply` that adds the columns may tick before the table's update lands. Adding
+        NULLABLE columns is an in-place schema change BigQuery allows, old rows reading NULL
+        (https://cloud.google.com/bigquery/docs/managing-table-schemas); the writer's
+        roles/bigquery.dataEditor holds bigquery.tables.update, which it needs
+        (https://cloud.google.com/bigquery/docs/managing-views). A missing table or REQUIRED
+        column is left to the write, which names it.
+        """
+        if self._alerts_upgraded:
+            return
+        table = self.settings.alerts_table
+        try:
+            schema = self.client.get_table(table, retry=self.retry, timeout=REQUEST_TIMEOUT_SECONDS).schema
+        except NotFound:
+            return
+        except _FAILURES as error:
+            raise StoreError(f"writing {table} failed: cannot read its schema: {_one_line(error)}") from error
+        present = {field.name for field in schema}
+        missing = [c for c in ALERTS_SCHEMA if c["name"] not in present and c["mode"] == "NULLABLE"]
+        if missing:
+            try:
+                self._run(add_columns_script(table, missing), [], "write", deadline)
+            except _FAILURES as error:
+                names = ", ".join(c["name"] for c in missing)
+                raise StoreError(
+                    f"writing {table} failed: adding the column(s) this release writes ({names}) failed"
+                    f" (terraform apply adds them too): {_one_line(error)}"
+                ) from error
+        self._alerts_upgraded = True
 
 
 def _reason(error: BaseException) -> str:

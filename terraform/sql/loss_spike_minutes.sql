@@ -15,6 +15,7 @@ SELECT
   MIN(IF(name = '${metric}' AND ABS(value) < 1e150, value, NULL)) AS loss_floor,
   MAX(IF(name = '${metric}' AND ABS(value) < 1e150, value, NULL)) AS loss_peak,
   MAX(IF(name = '${metric}', timestamp, NULL)) AS last_loss_at,
+  MAX(CAST(NULL AS INT64)) AS last_loss_step,
   MAX_BY(NULLIF(job_id, ''), IF(job_id <> '', timestamp, NULL)) AS job,
   MAX(IF(job_id <> '', timestamp, NULL)) AS job_at,
   COUNTIF(name = '${grad_norm_metric}' AND ABS(value) < 1e150) AS grad_norm_finite,

@@ -15,6 +15,7 @@ SELECT
   MIN(IF(name = '${metric}' AND ABS(value) < 1e150, value, NULL)) AS loss_floor,
   MAX(IF(name = '${metric}' AND ABS(value) < 1e150, value, NULL)) AS loss_peak,
   MAX(IF(name = '${metric}', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS last_loss_at,
+  MAX(IF(name = '${metric}', step, NULL)) AS last_loss_step,
   MAX_BY(NULLIF(job_id, ''), IF(job_id <> '', CONCAT(LPAD(CAST(timestamp_ms AS STRING), 19, '0'), CASE WHEN COALESCE(seq, 0) < 0 THEN CONCAT('0', TRANSLATE(LPAD(CAST(-(LEAST(COALESCE(seq, 0), -1) + 1) AS STRING), 19, '0'), '0123456789', '9876543210')) ELSE CONCAT('1', LPAD(CAST(COALESCE(seq, 0) AS STRING), 19, '0')) END), NULL)) AS job,
   MAX(IF(job_id <> '', TIMESTAMP_MILLIS(timestamp_ms), NULL)) AS job_at,
   COUNTIF(name = '${grad_norm_metric}' AND ABS(value) < 1e150) AS grad_norm_finite,

@@ -1,0 +1,185 @@
+"""Where to go back (SPEC "Where to go back: onset and last good point"): every paging row says
+when its excursion began (`onset_at`) and the newest good loss sample before it (`last_good_at`,
+`last_good_step`); rows that do not page say nothing. What an on-call reads on the rows of
+`evaluate`, its JSON, and the backtest's episodes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import NOW, store_with
+from incidents import falling_run, loss_row, rows_for
+from oracle import Sample
+
+from lossspike.backtest.report import report_json, report_table
+from lossspike.backtest.run import backtest
+from lossspike.backtest.ticks import tick_times
+from lossspike.base.times import format_rfc3339
+from lossspike.config.overrides import OverrideRow
+from lossspike.config.settings import Settings
+from lossspike.evaluation.evaluate import evaluate
+
+REPO = Path(__file__).resolve().parent.parent
+KEYS = ("onset_at", "last_good_at", "last_good_step")
+
+
+def _with_steps(store, every_seconds: float = 10.0) -> None:
+    """Give the store's telemetry a `step` column (Levanter's shapes and the publisher's table
+    have one): one step per `every_seconds` from the epoch, so a sample's step names its time."""
+    store.connection.execute("ALTER TABLE telemetry ADD COLUMN step BIGINT")
+    store.connection.execute(f"UPDATE telemetry SET step = CAST(round(epoch(timestamp) / {every_seconds}) AS BIGINT)")
+
+
+def _step_of(moment: datetime, every_seconds: float = 10.0) -> int:
+    return round(moment.timestamp() / every_seconds)
+
+
+def test_a_nan_onset_names_its_minute_and_the_newest_finite_loss_before_it():
+    # A finite loss every 10 s, NaN from 11:57:30 on: the first non-finite loss lies in 11:57.
+    bad = NOW - timedelta(minutes=2.5)
+    samples = [s if s.timestamp < bad else Sample(s.timestamp, math.nan, s.run_id) for s in falling_run()]
+    row = loss_row(rows_for(samples, Settings()))
+    assert (row["reason"], row["value"]) == ("not_finite", 1)
+    assert row["onset_at"] == datetime(2026, 11, 30, 11, 57, tzinfo=UTC)
+    # The newest minute wholly finite is 11:56, whose newest sample is 11:56:50; no step column.
+    assert row["last_good_at"] == datetime(2026, 11, 30, 11, 56, 50, tzinfo=UTC)
+    assert row["last_good_step"] is None
+
+
+def test_a_level_shift_names_an_onset_within_a_minute_and_a_last_good_point_before_it():
+    shift_age = 8.5
+    truth = NOW - timedelta(minutes=shift_age)
+    store = store_with(falling_run(shift=1.0, shift_age=shift_age, minutes=200))
+    _with_steps(store)
+    row = loss_row(evaluate(store, Settings(), NOW))
+    assert (row["reason"], row["value"]) == ("level_shift", 1)
+    assert truth <= row["onset_at"] < truth + timedelta(minutes=1)
+    # Never a point inside the excursion: a rewind to it leaves the excursion behind.
+    assert row["last_good_at"] < truth
+    assert truth - row["last_good_at"] < timedelta(minutes=2)
+    assert row["last_good_step"] == _step_of(row["last_good_at"])
+
+
+def test_a_stall_names_the_newest_loss_sample_as_both_onset_and_last_good():
+    samples = [s for s in falling_run() if NOW - s.timestamp > timedelta(minutes=20)]
+    store = store_with(samples)
+    _with_steps(store)
+    row = loss_row(evaluate(store, Settings(), NOW))
+    newest = max(s.timestamp for s in samples)
+    assert (row["reason"], row["onset_at"], row["last_good_at"]) == ("stalled", newest, newest)
+    assert row["last_good_step"] == _step_of(newest)
+
+
+def test_rows_that_do_not_page_say_nothing_and_silenced_rows_say_what_they_would():
+    healthy = loss_row(rows_for(falling_run(), Settings()))
+    assert healthy["reason"] == "healthy" and all(healthy[k] is None for k in KEYS)
+    samples = [s for s in falling_run() if NOW - s.timestamp > timedelta(minutes=20)]
+    silence = OverrideRow("hero-a", NOW - timedelta(hours=1), silenced_until=NOW + timedelta(hours=1))
+    row = loss_row(rows_for(samples, Settings(), overrides=[silence]))
+    assert (row["reason"], row["value"], row["silenced"]) == ("stalled", 0, True)
+    assert row["onset_at"] == row["last_good_at"] == max(s.timestamp for s in samples)
+
+
+def test_a_gradient_norm_page_names_the_first_minute_above_its_limit():
+    loss = falling_run()
+    truth = NOW - timedelta(minutes=9.5)
+    norms = [Sample(s.timestamp, 1.0 if s.timestamp < truth else 3.0, s.run_id, name="grad_norm_total") for s in loss]
+    rows = rows_for(loss + norms, Settings())
+    check = next(r for r in rows if r["reason"] == "grad_norm_high")
+    assert check["severity"] == "page"
+    assert check["onset_at"] == datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
+    # The newest loss sample of a minute before the onset's.
+    assert check["last_good_at"] == datetime(2026, 11, 30, 11, 49, 50, tzinfo=UTC)
+    assert all(loss_row(rows)[k] is None for k in KEYS)
+
+
+def test_evaluate_json_and_text_show_the_three_values(tmp_path: Path):
+    from conftest import write_database
+
+    bad = NOW - timedelta(minutes=2.5)
+    samples = [s if s.timestamp < bad else Sample(s.timestamp, math.nan, s.run_id) for s in falling_run()]
+    database = write_database(tmp_path / "t.duckdb", samples)
+    base = [sys.executable, "-m", "lossspike.cli", "evaluate", "--database", str(database)]
+    base += ["--now", "2026-11-30T12:00:00Z", "--no-write"]
+    out = subprocess.run([*base, "--format", "json"], capture_output=True, text=True, cwd=REPO, check=True)
+    row = next(r for r in json.loads(out.stdout) if r["run"] == "hero-a")
+    assert (row["onset_at"], row["last_good_at"], row["last_good_step"]) == (
+        "2026-11-30T11:57:00Z",
+        "2026-11-30T11:56:50Z",
+        None,
+    )
+    text = subprocess.run(base, capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert "onset 2026-11-30T11:57:00Z" in text and "last good 2026-11-30T11:56:50Z" in text
+
+
+def test_a_backtest_episode_carries_its_first_paging_ticks_values():
+    shift_age = 30.5
+    truth = NOW - timedelta(minutes=shift_age)
+    samples = falling_run(shift=1.0, shift_age=shift_age, minutes=240)
+    store = store_with(samples)
+    ticks = tick_times(NOW - timedelta(minutes=60), NOW)
+    result = backtest(store, Settings(), ticks)[0]
+    episodes = result.episodes()
+    assert episodes, "the shift pages"
+    first = episodes[0]
+    assert first.first_tick >= truth
+    want = loss_row(evaluate(store, Settings(), first.first_tick))
+    assert want["value"] == 1
+    assert {k: getattr(first, k) for k in KEYS} == {k: want[k] for k in KEYS}
+    assert first.last_good_at < truth
+    # The JSON report and the text report show them (RFC 3339).
+    document = report_json([result], ["defaults"])
+    shown = document["variants"][0]["runs"][0]["episodes"][0]
+    assert shown["onset_at"] == format_rfc3339(want["onset_at"])
+    assert shown["last_good_at"] == format_rfc3339(want["last_good_at"])
+    assert shown["last_good_step"] is None
+    assert format_rfc3339(want["last_good_at"]) in report_table([result], ["defaults"])
+
+
+PYTHIA = Path(__file__).resolve().parent.parent.parent / "shared" / "real_curves"
+
+
+@pytest.mark.parametrize(
+    ("stem", "previous_last_step"),
+    [("pythia410m_seed3_resume_blowup_st75002", 75000), ("pythia410m_seed4_resume_blowup_st122002", 122000)],
+)
+def test_a_pythia_resume_blowup_names_the_previous_attempts_last_step(tmp_path: Path, stem: str, previous_last_step):
+    """Pythia 410M resumed from a checkpoint and logged 11 nats the next step: the page names the
+    step the previous attempt last held, the point to resume from instead."""
+    path = PYTHIA / f"{stem}.csv"
+    if not path.exists():
+        pytest.skip("the real curves (../shared/real_curves) are not beside the repository")
+    from lossspike.stores.duckdb import DuckDBStore
+
+    start = datetime(2026, 1, 5, tzinfo=UTC)
+    database = tmp_path / "p.duckdb"
+    command = [sys.executable, "-m", "lossspike.cli", "load", str(path), "--run", "hero-p", "--start"]
+    command += ["2026-01-05T00:00:00Z", "--metric", "loss=train_loss", "--database", str(database)]
+    subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True)
+    with open(path) as handle:
+        next(handle)
+        rows = [line.strip().split(",") for line in handle]
+    # The attempts that resumed at the step after the previous attempt's last (Pythia 410M seed 4
+    # resumed there twice: a job of 100 s, then one left running).
+    resumes = [i for i, r in enumerate(rows) if i and int(r[1]) == previous_last_step + 1 and r[3] != rows[i - 1][3]]
+    began = [start + timedelta(seconds=float(rows[i][0])) for i in resumes]
+    store = DuckDBStore(str(database))
+    tick = began[0].replace(second=0, microsecond=0) + timedelta(minutes=1)
+    for _ in range(15):
+        row = loss_row(evaluate(store, Settings(), tick), "hero-p")
+        if row["reason"] == "resume_jump":
+            break
+        tick += timedelta(minutes=1)
+    assert row["reason"] == "resume_jump", row["reason"]
+    # The step to resume from: the previous attempt's last, logged just before the first resume.
+    assert row["last_good_step"] == previous_last_step
+    held = start + timedelta(seconds=float(rows[resumes[0] - 1][0]))
+    assert abs(row["last_good_at"] - held) < timedelta(milliseconds=1)
+    # The onset: the minute the paging attempt's first loss was logged in.
+    assert any(row["onset_at"] <= b < row["onset_at"] + timedelta(minutes=1) for b in began)
