@@ -181,6 +181,9 @@ class Backtest:
             found = judged.get((row["cluster"], row["run"], row["reason"]), {})
             pages = row.get("severity") == PAGE
             row.update({key: found.get(key) if pages else None for key in GO_BACK_KEYS})
+            if pages and found:
+                # An onset before the window says so in the note, as evaluate's row does.
+                row["note"] = found.get("note")
         return rows
 
     def episodes(self) -> list[Episode]:
