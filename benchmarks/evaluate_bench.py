@@ -170,6 +170,8 @@ def main() -> None:
                 samples[name].append(seconds)
                 rss[name].append(peak)
         ours, base = statistics.median(samples["evaluate"]), statistics.median(samples["floor"])
+        # Both figures depend on the engine: say which one measured them.
+        print(f"DuckDB {duckdb.__version__}, {args.runs:,} runs, load average {os.getloadavg()[0]:.1f}")
         print(f"lossspike evaluate (whole process), median of {args.repeat}: {ours:.3f} s")
         print(f"bare DuckDB aggregate (whole process), median of {args.repeat}: {base:.3f} s")
         print(f"ratio to floor: {ours / base:.2f} (target <= {RATIO_TARGET})")

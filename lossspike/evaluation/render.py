@@ -103,23 +103,55 @@ def json_array(rows: list[dict[str, Any]]) -> str:
     """`json.dumps(rows, indent=2, allow_nan=False)`, text for text, written directly for rows
     of scalars: with an indent, json.dumps takes its pure-Python encoder, the slowest part of
     printing a thousand runs' rows."""
+    return _json_lines(rows, _scalar_json) or json.dumps(rows, indent=2, allow_nan=False)
+
+
+def _row_value_json(value: Any, times: dict[datetime, str]) -> str | None:
+    """A row value as `jsonable` then json.dumps spell it: a time in RFC 3339 (each distinct
+    time formatted once: every row of a tick shares its evaluation time), a non-finite float
+    null."""
+    if isinstance(value, datetime):
+        text = times.get(value)
+        if text is None:
+            text = times[value] = encode_basestring_ascii(format_rfc3339(value))
+        return text
+    if isinstance(value, float) and not math.isfinite(value):
+        return "null"
+    return _scalar_json(value)
+
+
+def _json_lines(rows: list[dict[str, Any]], encode: Any) -> str | None:
+    """The indented JSON array of `rows`, each value spelled by `encode` (None for a value it
+    cannot spell: the caller falls back to json.dumps)."""
     lines = ["["]
+    # Every row repeats the same keys: each is escaped once.
+    keys: dict[str, str] = {}
     for n, row in enumerate(rows):
         fields = []
         for key, value in row.items():
-            text = _scalar_json(value)
+            text = encode(value)
             if text is None or not isinstance(key, str):
-                return json.dumps(rows, indent=2, allow_nan=False)
-            fields.append(f"    {encode_basestring_ascii(key)}: {text}")
+                return None
+            head = keys.get(key)
+            if head is None:
+                head = keys[key] = f"    {encode_basestring_ascii(key)}: "
+            fields.append(head + text)
         tail = "," if n < len(rows) - 1 else ""
         lines.append("  {\n" + ",\n".join(fields) + "\n  }" + tail if fields else "  {}" + tail)
     return "\n".join(lines) + "\n]" if rows else "[]"
 
 
+def rows_json(rows: list[dict[str, Any]]) -> str:
+    """`json_array([jsonable(r) for r in rows])` without the converted copy of every row."""
+    times: dict[datetime, str] = {}
+    text = _json_lines(rows, lambda value: _row_value_json(value, times))
+    return json_array([jsonable(r) for r in rows]) if text is None else text
+
+
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
     """Rows in the requested format, ending with a newline."""
     if fmt == "json":
-        return json_array([jsonable(r) for r in rows]) + "\n"
+        return rows_json(rows) + "\n"
     if fmt == "jsonl":
         return "".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in rows)
     # A silenced run's page reads "0 silenced"; the note column appears only when some run has one.
