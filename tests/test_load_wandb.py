@@ -259,7 +259,8 @@ def hostile(data: bytes, case: str) -> tuple[bytes, str]:
 )
 def test_a_hostile_wandb_file_is_refused_naming_the_record_and_nothing_written(tmp_path, runs029, case):
     data, needle = hostile(runs029["finish"].read_bytes(), case)
-    path = tmp_path / "run-hostile.wandb"
+    # A copy of the same W&B run (its file name is the run's ID): two runs in one load are refused.
+    path = tmp_path / runs029["fail"].name
     path.write_bytes(data)
     database = tmp_path / "history.duckdb"
     # With a good run before it, so that "nothing written" means the good run's rows too.

@@ -182,4 +182,5 @@ def _go_back_lines(rows: list[dict[str, Any]]) -> list[str]:
             parts.append("no good loss before it in the window")
         name = f"{_cell(row.get('cluster'))}/{_cell(row.get('run'))} {_cell(row.get('reason'))}"
         out.append(f"{name}: " + ", ".join(parts))
-    return [""] + out if out else []
+    heading = "where to go back (resume from a checkpoint at or before the last good step; onset..now is suspect):"
+    return ["", heading] + out if out else []

@@ -71,16 +71,18 @@ def find_sources(
                     f" ({', '.join(runs)}); if they are separate experiments, load each directory with its own --run"
                 )
         else:
-            kind = _kind(path)
+            # The name the user gave says the format: a link such as `zero.csv -> /dev/zero` is read as CSV.
+            kind = _kind(given) or _kind(path)
             if kind is None:
                 raise LoadError(
                     f"{given}: unknown format; give a .csv, .jsonl, .parquet, events.out.tfevents.* or run-*.wandb file"
                 )
             attempt = path.stem if own else _attempt_name(path) if kind in ("tensorboard", "wandb") else None
-            found = [Source(path, kind, attempt)]
+            # Read, and named in every message, by the path the user gave; its attempt is the resolved one's.
+            found = [Source(given, kind, attempt)]
         for source in found:
-            if source.path not in seen:
-                seen.add(source.path)
+            if source.path.resolve() not in seen:
+                seen.add(source.path.resolve())
                 sources.append(source)
     _one_wandb_run(sources)
     return sources
