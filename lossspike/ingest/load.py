@@ -225,7 +225,8 @@ def _load(
     except (LoadError, Created):
         raise
     except Exception as error:  # noqa: BLE001 - a source's error surfaces through the sink's reader
-        if interrupted:
+        # DuckDB takes a Ctrl-C that lands while it runs the INSERT as its own InterruptException.
+        if interrupted or type(error).__name__ == "InterruptException":
             raise KeyboardInterrupt from None
         if failure:
             raise failure[0] from None
