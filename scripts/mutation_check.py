@@ -55,6 +55,9 @@ SKIP_PROPERTIES = f"{CHECKS}::test_steps_skipped_counts_the_oracles_episodes"
 BACKTEST_CHECKS = "tests/test_backtest.py::test_backtest_check_rows_match_evaluate_at_every_tick"
 # Issue 46's edges, each at the boundary and one step past it.
 BOUNDARIES = "tests/test_boundaries.py"
+FAULTS = "tests/test_publish_faults.py"
+HISTORY = "tests/test_load_history.py"
+LOAD_HOSTILE = "tests/test_load_hostile.py"
 
 
 @dataclass(frozen=True)
@@ -1005,6 +1008,99 @@ MUTANTS = [
         '    return f"CONCAT({padded(time)}, {ordered})"',
         "    return f\"CONCAT({padded(time)}, '')\"",
         ["tests/test_shapes.py::test_the_larger_seq_picks_the_attempt_when_newest_rows_share_an_instant"],
+    ),
+    # --- issue 46: the publisher's faults (tests/test_publish_faults.py) ---
+    Mutant(
+        "issue 46: publisher: refused rows counted as a list (a row named twice counts twice)",
+        "lossspike/publish/publisher.py",
+        "bad = {index for index in refused.rows if 0 <= index < len(part)}",
+        "bad = [index for index in refused.rows if 0 <= index < len(part)]",
+        [f"{FAULTS}::test_a_refusal_naming_some_rows_costs_exactly_those_rows"],
+    ),
+    Mutant(
+        "issue 46: publisher: refused rows: a negative index counts",
+        "lossspike/publish/publisher.py",
+        "bad = {index for index in refused.rows if 0 <= index < len(part)}",
+        "bad = {index for index in refused.rows if index < len(part)}",
+        [f"{FAULTS}::test_a_refusal_naming_some_rows_costs_exactly_those_rows"],
+    ),
+    Mutant(
+        "issue 46: publisher: a refusal of some rows counts the whole batch refused",
+        "lossspike/publish/publisher.py",
+        'self._settle(len(bad), "dropped_refused")',
+        'self._settle(len(part), "dropped_refused")',
+        [f"{FAULTS}::test_a_refusal_naming_some_rows_costs_exactly_those_rows"],
+    ),
+    Mutant(
+        "issue 46: publisher: the rows a refusal did not name are not written",
+        "lossspike/publish/publisher.py",
+        "pending.append(rest)",
+        "pass",
+        [f"{FAULTS}::test_a_refusal_naming_some_rows_costs_exactly_those_rows"],
+    ),
+    Mutant(
+        "issue 46: publisher: a BaseException in the flusher's own code ends it",
+        "lossspike/publish/publisher.py",
+        "                return\n            except BaseException as error:  # noqa: BLE001 - nothing may end",
+        "                return\n            except Exception as error:  # noqa: BLE001 - nothing may end",
+        [f"{FAULTS}::test_a_fault_in_the_flusher_itself_does_not_stop_it"],
+    ),
+    Mutant(
+        "issue 46: publisher: rows in hand at a flusher fault go uncounted",
+        "lossspike/publish/publisher.py",
+        'self._settle(self._in_flight, "dropped_flusher_error")',
+        "pass",
+        [f"{FAULTS}::test_a_fault_in_the_flusher_itself_does_not_stop_it"],
+    ),
+    Mutant(
+        "issue 46: publisher: the flusher restarts after a fault without waiting",
+        "lossspike/publish/publisher.py",
+        "self._stop.wait(self._flush_interval_s)",
+        "return",
+        [f"{FAULTS}::test_a_fault_in_the_flusher_itself_does_not_stop_it"],
+    ),
+    Mutant(
+        "issue 46: publisher: each publisher gets an exit bound of its own",
+        "lossspike/publish/publisher.py",
+        "publisher._exit(deadline)",
+        "publisher._exit(time.monotonic() + EXIT_FLUSH_SECONDS)",
+        [f"{FAULTS}::test_two_publishers_with_hung_sinks_exit_within_one_bound"],
+    ),
+    # --- issue 46: the loader's identity, attempts and times (tests/test_load_history.py, test_load_hostile.py) ---
+    Mutant(
+        "issue 46: the loader: epoch milliseconds from 1e12 on",
+        "lossspike/ingest/times.py",
+        "EPOCH_MS_FROM = 1e11",
+        "EPOCH_MS_FROM = 1e12",
+        [f"{LOAD_HOSTILE}::test_the_seconds_milliseconds_boundary_and_microseconds"],
+    ),
+    Mutant(
+        "issue 46: the loader: the boundary itself read as seconds",
+        "lossspike/ingest/times.py",
+        ">= EPOCH_MS_FROM",
+        "> EPOCH_MS_FROM",
+        [f"{LOAD_HOSTILE}::test_the_seconds_milliseconds_boundary_and_microseconds"],
+    ),
+    Mutant(
+        "issue 46: the loader: a row's identity without its step",
+        "lossspike/ingest/write.py",
+        'step = " AND e.step IS NOT DISTINCT FROM r.step" if "step" in schema.names else ""',
+        'step = ""',
+        [f"{HISTORY}::test_a_longer_copy_adds_the_row_that_shares_a_second_with_the_last_loaded_one"],
+    ),
+    Mutant(
+        "issue 46: the loader: a found file's own attempt wins over --attempt",
+        "lossspike/ingest/sources.py",
+        "found = [Source(s.path, s.kind, path.name if own else s.attempt) for s in found]",
+        "found = [Source(s.path, s.kind, s.attempt or (path.name if own else None)) for s in found]",
+        [f"{HISTORY}::test_attempt_names_its_directory_for_every_kind_of_source"],
+    ),
+    Mutant(
+        "issue 46: the loader: a TensorBoard attempt is its leaf folder alone",
+        "lossspike/ingest/sources.py",
+        'return f"{parent.parent.name}/{parent.name}" if parent.parent.name else parent.name',
+        "return parent.name",
+        [f"{HISTORY}::test_two_jobs_whose_folders_share_a_name_are_two_attempts_loaded_in_either_order"],
     ),
     # --- issue 46: edges a planted bug passed unnoticed (tests/test_boundaries.py) ---
     Mutant(
