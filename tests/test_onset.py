@@ -62,8 +62,7 @@ def test_a_level_shift_names_an_onset_within_a_minute_and_a_last_good_point_befo
     assert truth <= row["onset_at"] < truth + timedelta(minutes=1)
     # Never a point inside the excursion: a rewind to it leaves the excursion behind.
     assert row["last_good_at"] < truth
-    # Within three minutes: the newest whole minute before the shift followed by two more at the level.
-    assert truth - row["last_good_at"] < timedelta(minutes=3)
+    assert truth - row["last_good_at"] < timedelta(minutes=2)
     assert row["last_good_step"] == _step_of(row["last_good_at"])
 
 

@@ -189,12 +189,8 @@ def above_line(run: RunMinutes, line: np.ndarray | float, level: np.ndarray | fl
     at_level = _at_level(run.grid, data, start)
     # ...and so did the next minute with a loss: a climb that began late in a minute leaves its
     # mean at the level but lifts the next one's.
-    # Two such minutes, not one: on a noisy loss a climb's first minute can still average at its
-    # falling level, and a rewind into the excursion is worse than one a minute early.
     nxt = _next(data)
     then_too = np.take(at_level, np.maximum(nxt, 0)) & (nxt >= 0)
-    after_next = np.take(nxt, np.maximum(nxt, 0))
-    then_too &= np.where(after_next >= 0, np.take(at_level, np.maximum(after_next, 0)), True)
     good = np.flatnonzero((whole_minutes_good(run, line) & at_level & then_too)[:start])
     if not len(good):
         return Onset(run.at(start))
