@@ -313,21 +313,17 @@ def test_runs_of_wandb_031_read_alike_with_029_and_031_protobufs(tmp_path, runs0
 
 def test_lossspike_load_in_a_wandb_031_environment(tmp_path, runs029, runs031):
     python = tool_python()
-    copies = []
+    database = tmp_path / "history.duckdb"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
     for release, runs in (("029", runs029), ("031", runs031)):
         for end in ("finish", "fail"):
             copy = tmp_path / release / runs[end].parent.name
             shutil.copytree(runs[end].parent, copy)
-            copies.append(copy)
-    database = tmp_path / "history.duckdb"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOSSSPIKE_")}
-    result = subprocess.run(
-        [str(python), "-m", "lossspike.cli", "load", *map(str, copies), "--run", RUN, "--database", str(database)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+            # One W&B run a load (two run IDs in one load are refused).
+            command = ["load", str(copy), "--run", f"{RUN}-{release}-{end}", "--database", str(database)]
+            result = subprocess.run(
+                [str(python), "-m", "lossspike.cli", *command], capture_output=True, text=True, env=env, timeout=300
+            )
+            assert result.returncode == 0, result.stderr
     # Two finished runs (rows and a phase row each) and two failed ones (rows only).
     assert count(database) == 2 * (2 * ROWS + 1) + 2 * (2 * ROWS)

@@ -32,7 +32,8 @@ def nan_runs(draw) -> tuple[list[Sample], bool]:
     window on; sometimes a few stray NaNs before it (single steps skip-step discarded), and
     sometimes the loss finite again for the last steps."""
     cadence = draw(st.sampled_from([2.0, 7.0, 10.0, 25.0]))
-    onset = NOW - timedelta(seconds=draw(st.integers(20, 290)))
+    # Long enough before now for a NaN sample at this cadence, before a recovery's last 15 s too.
+    onset = NOW - timedelta(seconds=draw(st.integers(int(cadence) + 20, 290)))
     strays = draw(st.lists(st.integers(30, 1800), max_size=3))
     recovered = draw(st.booleans()) and cadence < 20
     out = []

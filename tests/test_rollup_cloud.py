@@ -495,6 +495,9 @@ def test_a_row_with_every_optional_column_set_is_read_back_whole(emulator):
     # Every optional column set, as a silenced detector row would carry them.
     row.update(silenced=True, note='a "boundary"\nline two; ü', severity="page", metric="train_loss")
     row.update(observed=0.25, threshold=0.1)
+    # The contract's table has no step column, so a step is set by hand, as a Levanter table's would be.
+    row.update(last_good_step=4321, onset_at=row["onset_at"] or tick - timedelta(minutes=5))
+    row.update(last_good_at=row["last_good_at"] or tick - timedelta(minutes=6))
     assert row["silenced"] is True and row["note"] and row["last_loss_at"] is not None
     assert all(value is not None for value in row.values())
     assert store.write_alerts([row]) == 1

@@ -81,7 +81,14 @@ def test_the_parity_fleet_in_a_real_shape_gives_duckdbs_rows_raw_and_from_the_vi
         settings = _deploy(emulator, shape, rows, view)
         store = BigQueryStore(settings, emulator)
         assert store.telemetry_shape() == SHAPES[shape]
-        assert_same_rows(evaluate(store, settings, NOW), want, f"{shape} {'view' if view else 'raw'}")
+        got = evaluate(store, settings, NOW)
+        # A page's last good step comes from the table's step column (SPEC "Where to go back"): the
+        # contract's table `want` was judged on has none; a shape with one names it on every page
+        # with a last good point.
+        if SHAPES[shape].has_step:
+            assert all(isinstance(r["last_good_step"], int) for r in got if r["last_good_at"] is not None)
+        got = [{**r, "last_good_step": None} for r in got]
+        assert_same_rows(got, want, f"{shape} {'view' if view else 'raw'}")
 
 
 @pytest.mark.parametrize("shape", REAL_SHAPES)
