@@ -493,27 +493,14 @@ def test_wandb_offline_runs_with_a_resume_load_as_attempts_and_backtest_as_the_s
     assert f"{RUN}: 0 rows written" in again.stdout
 
 
-# The .wandb framing, as wandb's datastore (wandb/sdk/internal/datastore.py) writes it: a 7-byte
-# file header, then 32 KiB blocks of fragments, each a 7-byte header (crc32, length, type) and its
-# data; a block's last few bytes, too few for a header, are zeros.
-WANDB_HEADER_BYTES = 7
-WANDB_BLOCK_BYTES = 32768
-
-
 def cut_inside_a_fragment(data: bytes, near: int) -> int:
     """An offset strictly inside the data of the first fragment that ends after `near`: a cut there
     is a torn record, which the framing shows (a cut exactly between two records looks like an end)."""
-    import struct
+    from wandb_runs import HEADER_BYTES, fragments
 
-    offset = WANDB_HEADER_BYTES
-    while offset + WANDB_HEADER_BYTES <= len(data):
-        left = WANDB_BLOCK_BYTES - offset % WANDB_BLOCK_BYTES
-        if left < WANDB_HEADER_BYTES:
-            offset += left
-            continue
-        _, length, _ = struct.unpack_from("<IHB", data, offset)
-        start, offset = offset + WANDB_HEADER_BYTES, offset + WANDB_HEADER_BYTES + length
-        if offset > near and length >= 2:
+    for offset, length, _ in fragments(data):
+        start = offset + HEADER_BYTES
+        if start + length > near and length >= 2:
             return start + length // 2
     raise AssertionError("no fragment of two bytes or more after the middle of the file")
 
