@@ -225,8 +225,9 @@ def _load(
     except (LoadError, Created):
         raise
     except Exception as error:  # noqa: BLE001 - a source's error surfaces through the sink's reader
-        # DuckDB takes a Ctrl-C that lands while it runs the INSERT as its own InterruptException.
-        if interrupted or type(error).__name__ == "InterruptException":
+        # A Ctrl-C that lands while the engine runs the INSERT, or pulls the rows through Arrow, comes
+        # back as the engine's own error (DuckDB: an InterruptException, or "Query interrupted").
+        if interrupted or type(error).__name__ == "InterruptException" or "interrupted" in str(error).lower():
             raise KeyboardInterrupt from None
         if failure:
             raise failure[0] from None
