@@ -93,15 +93,15 @@ def build(path: Path, runs: int, hours: int) -> int:
     return count
 
 
-def timed(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one child process."""
+def timed(cmd: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds (user + system) of one child process."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     if status != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}: {proc.stderr.read().decode()}")
-    return elapsed, usage.ru_maxrss / 1024
+    return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -164,17 +164,25 @@ def main() -> None:
         timed(product)  # warm the page cache for both
         samples = {"evaluate": [], "floor": []}
         rss = {"evaluate": [], "floor": []}
+        # CPU seconds beside wall: on a shared machine wall clock is partly the other jobs'.
+        cpu = {"evaluate": [], "floor": []}
         for _ in range(args.repeat):
             for name, cmd in (("evaluate", product), ("floor", floor)):
-                seconds, peak = timed(cmd)
+                seconds, peak, used = timed(cmd)
                 samples[name].append(seconds)
                 rss[name].append(peak)
+                cpu[name].append(used)
         ours, base = statistics.median(samples["evaluate"]), statistics.median(samples["floor"])
         # Both figures depend on the engine: say which one measured them.
         print(f"DuckDB {duckdb.__version__}, {args.runs:,} runs, load average {os.getloadavg()[0]:.1f}")
         print(f"lossspike evaluate (whole process), median of {args.repeat}: {ours:.3f} s")
         print(f"bare DuckDB aggregate (whole process), median of {args.repeat}: {base:.3f} s")
         print(f"ratio to floor: {ours / base:.2f} (target <= {RATIO_TARGET})")
+        ours_cpu, base_cpu = statistics.median(cpu["evaluate"]), statistics.median(cpu["floor"])
+        print(
+            f"CPU seconds (user + system), median of {args.repeat}: evaluate {ours_cpu:.3f} s,"
+            f" floor {base_cpu:.3f} s, ratio {ours_cpu / base_cpu:.2f}"
+        )
         peak, floor_peak = statistics.median(rss["evaluate"]), statistics.median(rss["floor"])
         print(
             f"peak RSS, median of {args.repeat}: evaluate {peak:.0f} MiB (largest {max(rss['evaluate']):.0f}),"
