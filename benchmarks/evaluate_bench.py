@@ -9,9 +9,10 @@ of train_loss (about 24 M rows) in a DuckDB file, then times, each as a whole pr
 - a bare DuckDB aggregate reading the same rows and horizons with a count/sum/min/max per
   run, metric and minute (the floor on this engine: Python + DuckDB with nothing of ours),
 
-and prints their medians and the ratio (target <= 1.3), and each process's peak RSS (median
-of the repeats) and that ratio (target <= 1.3: evaluate within 1.3x of the floor process's
-peak on the same fleet; a fixed figure would be below what the floor itself takes).
+and prints their medians and the ratio (target <= 1.3), their CPU seconds (user + system: the
+steadier figure on a shared machine), and each process's peak RSS (median of the repeats) and
+that ratio (target <= 1.3: evaluate within 1.3x of the floor process's peak on the same fleet;
+a fixed figure would be below what the floor itself takes).
 
     python benchmarks/evaluate_bench.py [--runs 1000] [--hours 3] [--repeat 5] [--keep PATH]
 """
