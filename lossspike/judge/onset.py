@@ -21,7 +21,7 @@ minutes above the line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from lossspike.judge.detectors import (
     episode_starts,
     excursions,
     shift_baseline,
+    spread,
 )
 from lossspike.judge.minutes import MICROS_PER_MINUTE, NO_STEP, NO_TIME, Partial, TickRuns, instant
 from lossspike.rules.checks import GRAD_NORM_HIGH, LOSS_JUMP, STEPS_SKIPPED, MetricSeries, jump_levels
@@ -50,12 +51,26 @@ from lossspike.rules.rule import (
     LossWindows,
     Thresholds,
     band,
-    reference,
 )
 
 # The note a row carries when its excursion began before the longest window its reason reads:
 # its onset_at is then that window's start, no later than the truth (SPEC).
 BEFORE_WINDOW_NOTE = "onset before the window"
+# A climb's level is read from minutes at least this long before the line was crossed: a blowup
+# e-folding every 5 minutes rises from its first 0.01 nats past a line 0.1-0.3 above in 10-15.
+CLIMB_GAP_MINUTES = 15
+# ...over this many minutes with a loss: enough for a median line through a noisy one-step minute.
+CLIMB_FIT_MINUTES = 20
+# ...and then again from minutes this long before the climb first found: close enough that a
+# young run's bending fall is followed, far enough that the climb's own first minutes are not.
+CLIMB_REFIT_GAP_MINUTES = 3
+# ...and a minute's mean is part of the climb only this far above that level's noise, so a run at
+# its level (means scattered by their spread) does not extend it.
+CLIMB_SIGMAS = 3.0
+# slow_divergence names a climb's onset only for one that rose from its level past the detector's
+# limit within this long: a blowup e-folding every 5 minutes takes 5.5 from 0.05 to 0.15 nats, a
+# 0.5 nats/h creep 12 (a creep keeps the best block's end: its true onset lies near it).
+SUDDEN_MINUTES = 8
 
 
 @dataclass(frozen=True)
@@ -157,13 +172,54 @@ def _run_start(marked: np.ndarray, data: np.ndarray) -> int | None:
     return int(later[0])
 
 
-def above_line(run: RunMinutes, line: np.ndarray | float, level: np.ndarray | float | None = None) -> Onset:
-    """spiking, level_shift and loss_jump: the run of minutes whose floor is above the line,
-    extended back through the minutes just before it that climb from the `level` the line is
-    drawn from (the reference, the trend, the baseline level): each at or above the level and
-    above the minute before it. A loss that climbs (a blowup rising exponentially) crosses the line
-    minutes after it left its level; a run at its level has floors scattered about it, which stop
-    the extension within a minute or so.
+def _climb_limit(grid: Partial, data: np.ndarray, fit: np.ndarray, rise: float) -> np.ndarray:
+    """Per minute, the run's level drawn through the minute means of the `fit` minutes (a median
+    line, extended only where it falls) plus max(rise, CLIMB_SIGMAS x their spread)."""
+    means = grid.mean[fit]
+    i, j = np.triu_indices(len(fit), k=1)
+    slope = min(float(np.median((means[j] - means[i]) / (fit[j] - fit[i]))), 0.0) if len(i) else 0.0
+    level = float(np.median(means - slope * fit))
+    mask = np.zeros(len(data), dtype=bool)
+    mask[fit] = True
+    noise = float(np.nan_to_num(spread(grid.mean, mask)))
+    return level + slope * np.arange(len(data)) + max(rise, CLIMB_SIGMAS * noise)
+
+
+def climb_start(grid: Partial, data: np.ndarray, start: int, rise: float) -> int:
+    """The first minute of the climb that led into the run of minutes above the line starting at
+    `start`: going back from it, the minutes whose mean stands more than `rise` (or CLIMB_SIGMAS
+    times the means' minute-to-minute spread, if more) above the run's own level.
+
+    The level is the trend of the minute means over CLIMB_FIT_MINUTES from before the climb (a
+    falling loss leaves a fixed level behind; a rising trend is what is being looked for, so it
+    is held flat). First from minutes at least CLIMB_GAP_MINUTES before the line was crossed,
+    where no climb can have begun yet; then again from minutes just before the climb that found,
+    since a young run's fall bends and a line drawn far back misses where it got to. A mean of
+    many losses is far steadier than a floor, so a run at its level stops the climb at once,
+    while a loss rising smoothly (a blowup's exponential) is followed back to where it first
+    rose by `rise`: the smallest rise the rule calls an excursion."""
+    found = start
+    for gap_from, gap in ((start, CLIMB_GAP_MINUTES), (None, CLIMB_REFIT_GAP_MINUTES)):
+        fit = np.flatnonzero(data[: max((found if gap_from is None else gap_from) - gap, 0)])[-CLIMB_FIT_MINUTES:]
+        if len(fit) < MIN_REFERENCE_MINUTES:
+            fit = np.flatnonzero(data[:start])
+        if not len(fit) or not np.isfinite(grid.mean[fit]).all():
+            return start
+        limit = _climb_limit(grid, data, fit, rise)
+        found = start
+        for slot in np.flatnonzero(data[:start])[::-1].tolist():
+            if not grid.mean[slot] > limit[slot]:
+                break
+            found = slot
+    return found
+
+
+def above_line(
+    run: RunMinutes, line: np.ndarray | float, rise: float | None = None, values: np.ndarray | None = None
+) -> Onset:
+    """spiking, level_shift and loss_jump: the run of minutes whose floor (or `values`) is above the line,
+    extended back through the climb that led into it, where `rise` is given (`climb_start`). A loss that climbs (a
+    blowup rising exponentially) crosses the line minutes after it left its level.
 
     The last good point is the newest minute before the onset that is good as a whole and sat at
     its level, as did the next minute with a loss: each mean no higher than the median mean of
@@ -171,18 +227,12 @@ def above_line(run: RunMinutes, line: np.ndarray | float, level: np.ndarray | fl
     of many losses moves with the climb long before its floor does), so a rewind there does not
     land inside the climb; it costs a minute of steps more than the truth would."""
     data = run.grid.n > 0
-    floor = run.grid.floor
-    above = data & (floor > line)
+    above = data & ((run.grid.floor if values is None else values) > line)
     start = _run_start(above, data)
     if start is None:
         return NONE
-    if level is not None:
-        at_or_above = data & (floor >= level)
-        earlier = np.flatnonzero(data[:start])[::-1].tolist()
-        for slot, before in zip(earlier, [*earlier[1:], -1], strict=True):
-            if not at_or_above[slot] or (before >= 0 and floor[slot] <= floor[before]):
-                break
-            start = slot
+    if rise is not None:
+        start = climb_start(run.grid, data, start, rise)
     # Nothing at or below the level before the run in the window: it began before the window.
     if not data[:start].any():
         return Onset(run.at(0), None, None, True)
@@ -224,10 +274,20 @@ def slow_divergence(
     history_sum: np.ndarray,
     history_last_at: np.ndarray,
     history_last_step: np.ndarray,
+    min_rise: float | None = None,
+    rise: float | None = None,
 ) -> Onset:
     """The end of the best (lowest) ten-minute block the detector compared with; the newest
     sample inside it. Blocks as slow_divergence builds them: the history's, then the hour's
-    counted back from its last LEVEL_MINUTES."""
+    counted back from its last LEVEL_MINUTES.
+
+    Unless the rise was sudden, not slow (given the detector's `min_rise` and the onset's `rise`):
+    the newest minutes' means above the best level by `min_rise`, led into by a climb
+    (`above_line` on means) from minutes that sat at that level since the block (their median
+    mean within rise / 2 of it), and that cleared `min_rise` within SUDDEN_MINUTES. A blowup, or
+    a step the detector saw before level_shift did, then has its onset where the climb began, not
+    where the best block ended: that block may lie an hour back, or, on a loss still falling fast,
+    after the climb had begun."""
     minutes = run.grid.n.shape[-1]
     stop = minutes - LEVEL_MINUTES
     hour_n, hour_sum = block_sums(run.grid, stop)
@@ -239,14 +299,24 @@ def slow_divergence(
         return NONE
     best = int(np.argmin(means))
     history = len(history_n)
+    hour_blocks = len(hour_n)
+    # The hour's blocks end at stop, stop - 10, ... (oldest first); a history block before it.
+    end_slot = 0 if best < history else stop - (hour_blocks - 1 - (best - history)) * BLOCK_MINUTES
+    if min_rise is not None and rise is not None:
+        level = float(means[best])
+        sudden = above_line(run, level + min_rise, rise, run.grid.mean)
+        if sudden.onset_at is not None and not sudden.before_window:
+            onset_slot = (sudden.onset_at - run.at(0)) // timedelta(minutes=1)
+            data = run.grid.n > 0
+            between = np.flatnonzero(data[end_slot:onset_slot]) + end_slot
+            flat = not len(between) or float(np.median(run.grid.mean[between])) <= level + rise / 2
+            risen = np.flatnonzero(data[onset_slot:] & (run.grid.mean[onset_slot:] > level + min_rise))
+            if flat and len(risen) and risen[0] <= SUDDEN_MINUTES:
+                return sudden
     if best < history:
         # History block p ends (blocks - 1 - p) blocks before the hour's start.
         end = run.start_us - (history - 1 - best) * BLOCK_MINUTES * MICROS_PER_MINUTE
         return Onset(instant(end), *_point(int(history_last_at[best]), int(history_last_step[best])))
-    hour_blocks = len(hour_n)
-    k = best - history
-    # The hour's blocks end at stop, stop - 10, ... (oldest first).
-    end_slot = stop - (hour_blocks - 1 - k) * BLOCK_MINUTES
     begin = max(end_slot - BLOCK_MINUTES, 0)
     inside = np.flatnonzero(whole_minutes_good(run)[begin:end_slot])
     if not len(inside):
@@ -324,14 +394,16 @@ def for_loss(
         return stalled(windows.last_loss_at, last_loss_step)
     if reason == SPIKING:
         line = band(windows, t)
-        return NONE if line is None else above_line(run, line, reference(windows, t))
+        return NONE if line is None else above_line(run, line, t.min_rise)
     if reason == LEVEL_SHIFT:
-        trend, line = level_shift_line(run.grid, width, t.shift_min_rise, t.shift_sigma)
-        return above_line(run, line, trend)
+        _, line = level_shift_line(run.grid, width, t.shift_min_rise, t.shift_sigma)
+        return above_line(run, line, t.min_rise)
     if reason == SLOW_DIVERGENCE:
         empty = np.zeros(0)
         n, sums, at, step = history if history is not None else (empty, empty, empty, empty)
-        return slow_divergence(run, n, sums, at.astype(np.int64), step.astype(np.int64))
+        return slow_divergence(
+            run, n, sums, at.astype(np.int64), step.astype(np.int64), t.divergence_min_rise, t.min_rise
+        )
     if reason == INSTABILITY:
         return instability(run, t.instability_sigma, t.instability_min_rise)
     if reason == RESUME_JUMP and previous is not None and finding is not None:
@@ -349,7 +421,7 @@ def for_check(
         levels = jump_levels(np.where(run.grid.n > 0, run.grid.floor, np.inf), run.grid.n, t.recent_minutes)
         if levels is None or threshold is None:
             return NONE
-        return above_line(run, levels[1] + float(threshold), levels[1])
+        return above_line(run, levels[1] + float(threshold), t.min_rise)
     if reason == GRAD_NORM_HIGH and "grad_norm" in series:
         metric = series["grad_norm"]
         shown = [k for k, m in enumerate(metric.minutes) if m < now_us and metric.last[k] is not None]
