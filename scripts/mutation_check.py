@@ -58,6 +58,7 @@ BOUNDARIES = "tests/test_boundaries.py"
 FAULTS = "tests/test_publish_faults.py"
 HISTORY = "tests/test_load_history.py"
 LOAD_HOSTILE = "tests/test_load_hostile.py"
+ONSET = "tests/test_onset.py"
 
 
 @dataclass(frozen=True)
@@ -1183,6 +1184,42 @@ MUTANTS = [
         "    after = np.where(idx > first[..., None], starts, False).sum(axis=-1)",
         "    after = np.where(idx >= first[..., None], starts, False).sum(axis=-1)",
         [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
+    ),
+    # --- issue 45: where a climb began ---
+    Mutant(
+        "issue 45: the onset is where the line was crossed, no climb followed back",
+        "lossspike/judge/onset.py",
+        "        start = climb_start(run.grid, data, start, rise)\n",
+        "        start = start\n",
+        [f"{ONSET}::test_a_blowup_names_where_its_climb_began_not_where_it_crossed_the_line"],
+    ),
+    Mutant(
+        "issue 45: a climb's minutes need only clear min_rise, not the means' noise",
+        "lossspike/judge/onset.py",
+        "max(rise, CLIMB_SIGMAS * noise)",
+        "rise",
+        [f"{ONSET}::test_a_blowup_in_a_noisy_loss_is_not_followed_back_through_the_noise"],
+    ),
+    Mutant(
+        "issue 45: slow_divergence calls a rise sudden without a flat level before it",
+        "lossspike/judge/onset.py",
+        "            if flat and len(risen) and risen[0] <= SUDDEN_MINUTES:",
+        "            if len(risen) and risen[0] <= SUDDEN_MINUTES:",
+        [f"{ONSET}::test_a_blowup_in_a_noisy_loss_is_not_followed_back_through_the_noise"],
+    ),
+    Mutant(
+        "issue 45: slow_divergence calls any climb from a flat level sudden",
+        "lossspike/judge/onset.py",
+        "            if flat and len(risen) and risen[0] <= SUDDEN_MINUTES:",
+        "            if flat and len(risen):",
+        [f"{ONSET}::test_a_creep_from_a_flat_level_is_not_named_sudden"],
+    ),
+    Mutant(
+        "issue 45: slow_divergence never names a step's onset",
+        "lossspike/judge/onset.py",
+        "    if min_rise is not None and rise is not None:\n",
+        "    if False:\n",
+        [f"{ONSET}::test_a_step_slow_divergence_sees_first_names_the_step"],
     ),
 ]
 

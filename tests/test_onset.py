@@ -189,7 +189,12 @@ def test_a_pythia_resume_blowup_names_the_previous_attempts_last_step(tmp_path: 
 
 
 def _climbing_run(
-    truth: datetime, rise, minutes: int = 240, noise: float = 0.01, cadence: float = 5.0, slope: float = 0.05
+    truth: datetime,
+    rise,
+    minutes: int = 240,
+    noise: float = 0.01,
+    cadence: float = 5.0,
+    slope: float = 0.05,
 ):
     """A falling loss (`slope` nats an hour) plus `rise(seconds since truth)` (0 where it returns 0)."""
     rng = random.Random(7)
@@ -236,6 +241,18 @@ def test_a_blowup_names_where_its_climb_began_not_where_it_crossed_the_line(cade
     assert row["last_good_at"] < truth
 
 
+@pytest.mark.parametrize("noise", [0.08, 0.12])
+def test_a_blowup_in_a_noisy_loss_is_not_followed_back_through_the_noise(noise):
+    # Two losses a minute with 0.08-0.12 nats of noise: minute means scatter further above the
+    # level than the rule's min_rise, so only a climb above three spreads of them counts. Neither
+    # an onset minutes late (the climb cut short) nor a last good point far back (minutes at the
+    # level taken for the climb) is a rewind an on-call engineer wants.
+    truth = NOW - timedelta(minutes=40)
+    row = _first_page(_climbing_run(truth, _blowup, cadence=30.0, noise=noise), Settings(), truth)
+    assert abs(row["onset_at"] - truth) <= timedelta(minutes=2), (row["onset_at"], truth)
+    assert truth - timedelta(minutes=3) <= row["last_good_at"] < truth, (row["last_good_at"], truth)
+
+
 def test_a_step_slow_divergence_sees_first_names_the_step():
     # Only slow_divergence on: a 0.3-nat step in a noisy loss stays inside the seed rule's band and
     # pages as slow_divergence once ten minutes sit above the best block. Its onset is the step,
@@ -257,3 +274,16 @@ def test_a_slow_divergence_keeps_a_last_good_point_near_where_it_began():
     assert row["reason"] == "slow_divergence"
     assert row["last_good_at"] - truth <= timedelta(minutes=15), (row["last_good_at"], truth)
     assert row["onset_at"] <= NOW
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.5])
+def test_a_creep_from_a_flat_level_is_not_named_sudden(rate):
+    # A loss flat at its level, then creeping up 0.3-0.5 nats/h: its means leave the level
+    # minute by minute, too slowly for a step. Naming where they cleared the detector's limit
+    # would put the onset 7-12 minutes after the creep began and leave those batches unsuspected.
+    truth = NOW - timedelta(minutes=120)
+    samples = _climbing_run(truth, lambda s: rate * max(s, 0.0) / 3600, minutes=300, slope=0.0)
+    row = _first_page(samples, Settings(detectors=("slow_divergence",)), truth)
+    assert row["reason"] == "slow_divergence"
+    assert row["onset_at"] <= truth + timedelta(minutes=2), (row["onset_at"], truth)
+    assert row["last_good_at"] - truth <= timedelta(minutes=15), (row["last_good_at"], truth)
