@@ -1185,6 +1185,21 @@ MUTANTS = [
         "    after = np.where(idx >= first[..., None], starts, False).sum(axis=-1)",
         [f"{DETECTORS}::test_a_spike_train_that_began_twenty_minutes_ago_pages_instability"],
     ),
+    # --- issue 45: seed 3119's false pages and must-not-page page ---
+    Mutant(
+        "issue 45: level_shift's trend runs over clock minutes, falling through a pause",
+        "lossspike/judge/detectors.py",
+        "    position = np.cumsum(data, axis=-1) - 1\n",
+        "    position = np.broadcast_to(idx, data.shape)\n",
+        [f"{DETECTORS}::test_a_fast_fall_paused_for_an_eval_is_no_level_shift_after_it"],
+    ),
+    Mutant(
+        "issue 45: slow_divergence's level is the plain median of ten minutes",
+        "lossspike/judge/detectors.py",
+        "    current = low_median(tail)\n",
+        "    current = median(tail)\n",
+        [f"{DETECTORS}::test_a_four_minute_burst_in_a_slow_run_does_not_page_slow_divergence"],
+    ),
     # --- issue 45: where a climb began ---
     Mutant(
         "issue 45: the onset is where the line was crossed, no climb followed back",

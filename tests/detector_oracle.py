@@ -219,10 +219,10 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
 
     The trend: the minutes with data of the twenty before the window, split by rank into an
     older and a newer half (the newer one the larger), the older without its highest minute and
-    the newer without its lowest, medians of each (floor, minute); its slope used only when it
-    falls by more than three standard errors of a median (eight minutes or more, so each half
-    keeps three), else flat at the newer half's median; with fewer than eight, flat at the median
-    of them all but the lowest; with fewer than four, no level.
+    the newer without its lowest, medians of each (floor, place among the minutes with data);
+    its slope used only when it falls by more than three standard errors of a median (eight
+    minutes or more, so each half keeps three), else flat at the newer half's median; with fewer
+    than eight, flat at the median of them all but the lowest; with fewer than four, no level.
     """
     hour = len(grid)
     cut = hour - width
@@ -243,15 +243,17 @@ def level_shift(grid: list[Minute], width: int, t: Thresholds, scale: float) -> 
     if first:
         first.remove(max(first, key=lambda i: (floor[i], -i)))
     second.remove(min(second, key=lambda i: (floor[i], i)))
-    y2, x2 = _median([floor[i] for i in second]), _median(second)
+    # x is a minute's place among the minutes with data: the line does not fall through a pause.
+    place = {i: k for k, i in enumerate(sorted(floor))}
+    y2, x2 = _median([floor[i] for i in second]), _median([place[i] for i in second])
     slope = 0.0
     if halves:
-        y1, x1 = _median([floor[i] for i in first]), _median(first)
+        y1, x1 = _median([floor[i] for i in first]), _median([place[i] for i in first])
         doubt = TREND_SIGMAS * MEDIAN_NOISE * spread * math.sqrt(1 / len(first) + 1 / len(second))
         if y1 - y2 > doubt:
             slope = (y2 - y1) / (x2 - x1)
     limit = max(t.shift_min_rise, t.shift_sigma * spread)
-    observed = min(floor[i] - (y2 + slope * (i - x2)) for i in recent)
+    observed = min(floor[i] - (y2 + slope * (place[i] - x2)) for i in recent)
     with_data = sorted(floor)
     jumps = [floor[b] - floor[a] for a, b in zip(with_data, with_data[1:], strict=False) if b >= cut - JUMP_MINUTES]
     fired = observed > limit and bool(jumps) and max(jumps) >= limit / 2
@@ -269,7 +271,7 @@ def _blocks(minutes: dict[int, list[float]], first: int, last: int) -> list[tupl
 
 
 def slow_divergence(grid: list[Minute], history: dict[int, list[float]], horizon: int, t: Thresholds, scale: float):
-    """The median minute mean of the last ten minutes against the lowest ten-minute block mean
+    """The lower median minute mean of the last ten minutes against the lowest ten-minute block mean
     of the horizon before them (blocks of three finite losses or more, three blocks or more)."""
     hour = len(grid)
     tail = [m.mean for m in grid[hour - LEVEL_MINUTES :] if m.values]
@@ -279,7 +281,8 @@ def slow_divergence(grid: list[Minute], history: dict[int, list[float]], horizon
     means = [total / count for count, total in blocks if count >= MIN_BLOCK_SAMPLES]
     if len(tail) < MIN_LEVEL_MINUTES or len(means) < MIN_BLOCKS:
         return Decision(False)
-    current = _median(tail)
+    # The lower middle minute: a level more than half of the minutes hold.
+    current = sorted(tail)[(len(tail) - 1) // 2]
     limit = min(means) + t.divergence_min_rise
     return Decision(current > limit, current, limit, _near(current, limit, scale))
 

@@ -491,6 +491,56 @@ def test_a_loss_that_flattens_after_a_fall_into_the_window_is_no_level_shift():
     assert found.observed[0] == pytest.approx(0.4) and found.limit[0] == 0.1 and not found.fired[0]
 
 
+def test_a_fast_fall_paused_for_an_eval_is_no_level_shift_after_it():
+    """A young run falling 1 nat an hour pauses for an 8-minute eval that runs into the recent
+    window and resumes where its steps left off: its loss falls with steps, not with the clock.
+    A trend drawn on through the pause's clock minutes would sit 0.13 nats under both minutes
+    since (limit 0.1), and one low minute before the pause is the step leading in: so a
+    benchmark run paged twice (seed 3119). The line runs over minutes with data, so the resumed
+    run is at its level."""
+    rate = 1.0 / 60
+    floors = [4.0 - rate * k for k in range(82)]
+    floors[79] -= 0.08  # the newest minute before the eval, a little low: the step into the window
+    placed = list(range(80)) + [88, 89]  # minutes 80-87: the eval, no loss
+    levels: list[float | None] = [None] * 90
+    for minute, floor in zip(placed, floors, strict=True):
+        levels[minute] = floor
+    samples = [
+        Sample(NOW - (90 - i) * MINUTE + timedelta(seconds=5 + 10 * k), level, "hero-a")
+        for i, level in enumerate(levels)
+        if level is not None
+        for k in range(6)
+    ]
+    rows = rows_for(samples, Settings())
+    row = loss_row(rows)
+    assert row["reason"] == "healthy", row
+    assert_matches(rows, expect(samples, NOW, Config()))
+
+
+def test_a_four_minute_burst_in_a_slow_run_does_not_page_slow_divergence():
+    """One loss every 39 s, a 1-nat burst for four minutes that ended just before the tick: it
+    touches five of the last ten minutes, two of them by half, and the recent window's floor is a
+    loss from before it (so the seed rule does not page). slow_divergence's level is the lower middle of their
+    means (a level more than half of them hold), so the minute the burst began in, half in it,
+    is not averaged into the level (seed 3119's 1-nat burst paged for six minutes so)."""
+    rng = random.Random(5)
+    # Losses 290 and 251 s before the tick, then every 39 s to 17 s before it: the burst (from
+    # 260 to 20 s before) holds half of the oldest and newest of its five minutes.
+    burst_from = NOW - 260 * SECOND
+    samples = []
+    for k in range(int(180 * 60 / 39) + 1):
+        moment = NOW - 180 * MINUTE + timedelta(seconds=39 * k + 19)
+        value = 4.0 - 0.3 * k * 39 / 3600 + rng.gauss(0, 0.02)
+        if burst_from <= moment < burst_from + 4 * MINUTE:
+            value += 1.0
+        samples.append(Sample(moment, value, "hero-a"))
+    config = Settings(detectors=("slow_divergence",))
+    rows = rows_for(samples, config)
+    row = loss_row(rows)
+    assert row["reason"] == "healthy", row
+    assert_matches(rows, expect(samples, NOW, Config(detectors=("slow_divergence",))))
+
+
 def test_a_history_block_counts_only_the_judged_attempts_finite_losses():
     """Slow divergence's blocks older than the hour come from the raw read's history part. The
     oldest block (the horizon's lowest) also holds NaN and inf losses of the judged attempt and

@@ -10,16 +10,19 @@ are skipped, so eval pauses and slow steps never count as levels.
   baseline's trend by more than max(shift_min_rise, shift_sigma x the robust
   minute-to-minute spread of the floors), and a step of at least half that leads into
   the window. The trend is a line through the medians of two halves, split by rank, of
-  the minutes with data in the twenty before the window, extrapolated only when it
-  falls; with too few minutes for two halves it is flat at their median. A falling loss
+  the minutes with data in the twenty before the window, over their places among the
+  minutes with data (a pause takes no steps, so the line does not fall through it),
+  extrapolated only when it falls; with too few minutes for two halves it is flat at
+  their median. A falling loss
   does not hide a shift; a median of three minutes or more ignores one outlier minute,
   and halves split by rank keep their minutes across an eval pause, so one easy batch
   after the pause never is a half of its own; floors ignore a burst shorter than the
   window (it cannot lift the floor of the minutes it only partly covers), the step
   tells a shift from a loss that flattens after a fast fall, and the newest attempt
   alone means a restart's rewind is never compared with the attempt before it.
-- slow_divergence: the median minute mean of the last ten minutes sits more than
-  divergence_min_rise above the best (lowest) ten-minute block mean of the horizon.
+- slow_divergence: the lower median minute mean of the last ten minutes (a level more
+  than half of them hold, so a burst touching five of them is not averaged in) sits more
+  than divergence_min_rise above the best (lowest) ten-minute block mean of the horizon.
 - instability: excursions, minutes whose peak clears the median of the ten minutes
   before them by max(instability_min_rise, instability_sigma x their spread), counted
   as separate episodes in the window; instability_count of them make a spike train, but
@@ -48,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from lossspike.judge.minutes import Partial, Previous
-from lossspike.rules.median import median
+from lossspike.rules.median import low_median, median
 from lossspike.rules.rule import (
     INSTABILITY,
     LEVEL_SHIFT,
@@ -219,7 +222,10 @@ def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     first = max(int(np.min(start, initial=minutes)) - FIT_MINUTES, 0)
     fits = slice(first, max(int(np.max(start, initial=0)), first))
     levels = [median(np.where(h[..., fits], floors[..., fits], np.nan)) for h in halves]
-    times = [median(np.where(h[..., fits], idx[fits], np.nan)) for h in halves]
+    # The line runs over minutes with data, not clock minutes: a loss falls with steps, and an
+    # eval pause or a stall takes none, so a young run's fast fall is not drawn on through it.
+    position = np.cumsum(data, axis=-1) - 1
+    times = [median(np.where(h[..., fits], position[..., fits], np.nan)) for h in halves]
     noise = np.nan_to_num(spread(floors, base))
     # A level is a median of MIN_HALF_MINUTES minutes or more, which one more cannot move far.
     counts = [h.sum(axis=-1) for h in halves]
@@ -232,7 +238,7 @@ def shift_baseline(grid: Partial, width: np.ndarray) -> ShiftBaseline:
     doubt = TREND_SIGMAS * _MEDIAN_NOISE * noise * np.sqrt(1.0 / counts[0] + 1.0 / counts[1])
     clear = sloped & (_quiet(np.greater, fall, doubt))
     slope = np.where(clear, np.nan_to_num(_quiet(np.divide, -fall, times[1] - times[0])), 0.0)
-    trend = levels[1][..., None] + slope[..., None] * (idx - times[1][..., None])
+    trend = levels[1][..., None] + slope[..., None] * (position - times[1][..., None])
     return ShiftBaseline(trend, noise)
 
 
@@ -306,7 +312,9 @@ def slow_divergence(grid: Partial, history_n: np.ndarray, history_sum: np.ndarra
     minutes = grid.n.shape[-1]
     means = minute_means(grid)
     tail = means[..., minutes - LEVEL_MINUTES :]
-    current = median(tail)
+    # The lower middle: a level more than half of the minutes hold. A 4-minute burst touches
+    # five minutes of ten, and a plain median of ten would average one of them in.
+    current = low_median(tail)
     hour_n, hour_sum = block_sums(grid, minutes - LEVEL_MINUTES)
     counts = np.concatenate([history_n, hour_n], axis=-1)
     sums = np.concatenate([history_sum, hour_sum], axis=-1)

@@ -21,3 +21,14 @@ def median(values: np.ndarray) -> np.ndarray:
     high = np.take_along_axis(ordered, np.minimum(count // 2, values.shape[-1] - 1), axis=-1)
     with np.errstate(invalid="ignore", over="ignore"):
         return ((low + high) / 2.0)[..., 0]
+
+
+def low_median(values: np.ndarray) -> np.ndarray:
+    """The lower of the two middle finite values over the last axis (the median of an odd
+    count), NaN without one: a value more than half of them are at or above."""
+    if values.shape[-1] == 0:
+        return np.full(values.shape[:-1], np.nan)
+    ordered = np.sort(values, axis=-1)  # NaN sorts last
+    count = values.shape[-1] - np.isnan(ordered).sum(axis=-1, keepdims=True)
+    low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=-1)[..., 0]
+    return np.where(count[..., 0] > 0, low, np.nan)
