@@ -1200,6 +1200,35 @@ MUTANTS = [
         "    current = median(tail)\n",
         [f"{DETECTORS}::test_a_four_minute_burst_in_a_slow_run_does_not_page_slow_divergence"],
     ),
+    # --- issue 45: the checks' and instability's onsets ---
+    Mutant(
+        "issue 45: a loss_jump whose newest floor sits under the line names no onset",
+        "lossspike/judge/onset.py",
+        "        return jump_onset(run, levels[1] + float(threshold), t.min_rise)\n",
+        "        return above_line(run, levels[1] + float(threshold), t.min_rise)\n",
+        [f"{ONSET}::test_a_loss_jump_in_a_noisy_loss_names_where_it_jumped"],
+    ),
+    Mutant(
+        "issue 45: steps_skipped names its newest episode, not its first",
+        "lossspike/judge/onset.py",
+        "            if metric.sums[k] > 0 and not skipping:\n                return metric.minutes[k]\n",
+        "            if metric.sums[k] > 0 and not skipping:\n                start = metric.minutes[k]\n",
+        [f"{ONSET}::test_a_skip_episode_page_names_its_first_episode_and_a_loss_before_it"],
+    ),
+    Mutant(
+        "issue 45: a non-finite skip metric's onset is its newest minute",
+        "lossspike/judge/onset.py",
+        "        return condition_run_start([metric.minutes[k] for k in window], [_bad(metric.last[k]) for k in window])",  # noqa: E501
+        "        return metric.minutes[window[-1]]",
+        [f"{ONSET}::test_a_skip_episode_page_names_its_first_episode_and_a_loss_before_it"],
+    ),
+    Mutant(
+        "issue 45: instability names the newest episode it counted",
+        "lossspike/judge/onset.py",
+        "    start = int(counted[0])\n",
+        "    start = int(counted[-1])\n",
+        [f"{ONSET}::test_an_instability_page_names_the_first_spike_of_its_train"],
+    ),
     # --- issue 45: where a climb began ---
     Mutant(
         "issue 45: the onset is where the line was crossed, no climb followed back",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NOW, store_with
+from health_runs import SKIP_METRIC
 from incidents import falling_run, loss_row, rows_for
 from oracle import Sample
 
@@ -287,3 +288,63 @@ def test_a_creep_from_a_flat_level_is_not_named_sudden(rate):
     assert row["reason"] == "slow_divergence"
     assert row["onset_at"] <= truth + timedelta(minutes=2), (row["onset_at"], truth)
     assert row["last_good_at"] - truth <= timedelta(minutes=15), (row["last_good_at"], truth)
+
+
+def _jumped(seed: int, jump: float = 1.2, minutes: int = 10) -> list[Sample]:
+    """Ninety minutes of a loss around 2.5 with 0.4 nats of noise at 10 s a step, `jump` higher
+    from `minutes` before NOW on."""
+    rng = random.Random(seed)
+    ages = [timedelta(seconds=10 * k + 5) for k in range(540)]
+    jumped = timedelta(minutes=minutes)
+    return [Sample(NOW - a, 2.5 + rng.gauss(0, 0.4) + (jump if a < jumped else 0.0), "hero-a") for a in ages]
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7, 8])
+def test_a_loss_jump_in_a_noisy_loss_names_where_it_jumped(seed):
+    # loss_jump judges the recent window's median floor: with 0.4 nats of noise the newest
+    # minute's floor can sit under the line while the check pages. The row still says where the
+    # level jumped (the climb by minute means), and a last good point before it.
+    rows = rows_for(_jumped(seed), Settings(detectors=()))
+    [row] = [r for r in rows if r["value"] == 1]
+    truth = NOW - timedelta(minutes=10)
+    assert row["reason"] == "loss_jump"
+    assert row["onset_at"] == truth, row["onset_at"]
+    assert row["last_good_at"] < truth
+
+
+def _flat_with_skips(skips: list[tuple[float, float]]) -> list[Sample]:
+    """A calm flat loss every 10 s for 90 minutes, and the skip metric's (age in minutes, value)."""
+    loss = [Sample(NOW - timedelta(seconds=10 * (540 - k)), 2.5 + 0.001 * (k % 3), "hero-a") for k in range(540)]
+    return loss + [Sample(NOW - m * timedelta(minutes=1), v, "hero-a", name=SKIP_METRIC) for m, v in skips]
+
+
+def test_a_skip_episode_page_names_its_first_episode_and_a_loss_before_it():
+    # Three episodes 13.5, 11.5 and 9.5 minutes ago, accepted steps between: SPEC, for skip
+    # episodes "the start of the first episode counted"; the last good loss is before it.
+    zeros = [(m + 0.5, 0.0) for m in range(1, 16) if m + 0.5 not in (13.5, 11.5, 9.5)]
+    rows = rows_for(_flat_with_skips([(13.5, 1.0), (11.5, 1.0), (9.5, 1.0), *zeros]), Settings())
+    [row] = [r for r in rows if r["value"] == 1]
+    first = NOW - timedelta(minutes=13.5)
+    assert row["reason"] == "steps_skipped"
+    assert row["onset_at"] <= first < row["onset_at"] + timedelta(minutes=1)
+    assert first - timedelta(minutes=1) <= row["last_good_at"] < row["onset_at"]
+    # A skip metric non-finite for its last ten minutes: the newest run of minutes the condition
+    # (the newest value not finite) held in.
+    rows = rows_for(_flat_with_skips([(m + 0.5, math.nan) for m in range(10)]), Settings())
+    [row] = [r for r in rows if r["value"] == 1]
+    assert row["reason"] == "steps_skipped"
+    assert row["onset_at"] <= NOW - timedelta(minutes=9.5) < row["onset_at"] + timedelta(minutes=1)
+    assert row["last_good_at"] < row["onset_at"]
+
+
+def test_an_instability_page_names_the_first_spike_of_its_train():
+    # Five one-step spikes of 2 nats 18, 14, 10, 6 and 2 minutes ago, after a calm three hours and
+    # more: instability's onset is the first episode it counted, the last good loss before it.
+    samples = falling_run(minutes=240, noise=0.005)
+    spikes = [NOW - timedelta(minutes=m) for m in (18, 14, 10, 6, 2)]
+    samples = [Sample(s.timestamp, s.value + (2.0 if s.timestamp in spikes else 0.0), "hero-a") for s in samples]
+    assert sum(s.timestamp in spikes for s in samples) == 5
+    row = loss_row(rows_for(samples, Settings()))
+    assert row["reason"] == "instability"
+    assert row["onset_at"] <= spikes[0] < row["onset_at"] + timedelta(minutes=1)
+    assert row["last_good_at"] < spikes[0]

@@ -248,6 +248,20 @@ def above_line(
     return Onset(run.at(start), *_point(int(run.last_at[slot]), int(run.last_step[slot])))
 
 
+def jump_onset(run: RunMinutes, line: float, rise: float) -> Onset:
+    """loss_jump: the run of minutes whose floor is above the line (`above_line`). The check judges
+    the recent window's median floor, so on a noisy loss the newest minute's floor may sit under
+    the line while the check pages; the onset is then the climb by minute means (`climb_start`)
+    back from the newest minute with a loss, never nothing."""
+    onset = above_line(run, line, rise)
+    data = run.grid.n > 0
+    if onset.onset_at is not None or not data.any():
+        return onset
+    newest = np.zeros(len(data), dtype=bool)
+    newest[np.flatnonzero(data)[-1]] = True
+    return above_line(run, line, rise, np.where(newest, np.inf, -np.inf))
+
+
 def not_finite(run: RunMinutes) -> Onset:
     """The first minute of the newest unbroken run of minutes holding a non-finite loss (the
     newest such run: the loss may have turned finite again since, within the recent window)."""
@@ -421,7 +435,7 @@ def for_check(
         levels = jump_levels(np.where(run.grid.n > 0, run.grid.floor, np.inf), run.grid.n, t.recent_minutes)
         if levels is None or threshold is None:
             return NONE
-        return above_line(run, levels[1] + float(threshold), t.min_rise)
+        return jump_onset(run, levels[1] + float(threshold), t.min_rise)
     if reason == GRAD_NORM_HIGH and "grad_norm" in series:
         metric = series["grad_norm"]
         shown = [k for k, m in enumerate(metric.minutes) if m < now_us and metric.last[k] is not None]
