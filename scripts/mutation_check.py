@@ -1200,6 +1200,13 @@ MUTANTS = [
         "    current = median(tail)\n",
         [f"{DETECTORS}::test_a_four_minute_burst_in_a_slow_run_does_not_page_slow_divergence"],
     ),
+    Mutant(
+        "issue 45: a block an eval pause cut short is slow_divergence's best level",
+        "lossspike/judge/detectors.py",
+        "    enough = (counts >= MIN_BLOCK_SAMPLES) & _quiet(np.greater_equal, counts, MIN_BLOCK_SHARE * typical[..., None])",  # noqa: E501
+        "    enough = counts >= MIN_BLOCK_SAMPLES",
+        [f"{DETECTORS}::test_a_block_an_eval_pause_cut_short_is_no_best_level"],
+    ),
     # --- issue 45: the checks' and instability's onsets ---
     Mutant(
         "issue 45: a loss_jump whose newest floor sits under the line names no onset",

@@ -272,13 +272,17 @@ def _blocks(minutes: dict[int, list[float]], first: int, last: int) -> list[tupl
 
 def slow_divergence(grid: list[Minute], history: dict[int, list[float]], horizon: int, t: Thresholds, scale: float):
     """The lower median minute mean of the last ten minutes against the lowest ten-minute block mean
-    of the horizon before them (blocks of three finite losses or more, three blocks or more)."""
+    of the horizon before them (blocks of three finite losses or more and half the median block's
+    or more, three blocks or more)."""
     hour = len(grid)
     tail = [m.mean for m in grid[hour - LEVEL_MINUTES :] if m.values]
     by_age = {hour - 1 - i: m.values for i, m in enumerate(grid)}
     by_age.update(history)
     blocks = _blocks(by_age, LEVEL_MINUTES, hour) + _blocks(by_age, hour, max(horizon, hour))
-    means = [total / count for count, total in blocks if count >= MIN_BLOCK_SAMPLES]
+    # A block is a level with half the losses of the run's median block or more (a block a
+    # pause cut short is a few steps, one of them maybe an easy batch).
+    typical = _median([count for count, _ in blocks if count > 0]) if any(c for c, _ in blocks) else 0.0
+    means = [total / count for count, total in blocks if count >= max(MIN_BLOCK_SAMPLES, typical / 2)]
     if len(tail) < MIN_LEVEL_MINUTES or len(means) < MIN_BLOCKS:
         return Decision(False)
     # The lower middle minute: a level more than half of the minutes hold.

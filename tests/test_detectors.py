@@ -541,6 +541,29 @@ def test_a_four_minute_burst_in_a_slow_run_does_not_page_slow_divergence():
     assert_matches(rows, expect(samples, NOW, Config(detectors=("slow_divergence",))))
 
 
+def test_a_block_an_eval_pause_cut_short_is_no_best_level():
+    """A flat late run at 32 s a step pauses for 9.5 minutes; its first step after the pause is an
+    easy batch 0.6 below. Slow divergence's block [now - 40m, now - 30m) then holds three losses,
+    the easy batch among them: a mean 0.2 below the run's level, which the flat run's ordinary
+    minutes since would clear by more than divergence_min_rise (0.15). A block is a level only
+    with half the losses of the run's median block (seed 7507 paged so, 31 minutes after)."""
+    rng = random.Random(4)
+    pause = (NOW - 41 * MINUTE, NOW - 31 * MINUTE - 30 * SECOND)
+    samples, easy = [], True
+    for k in range(int(200 * 60 / 32) + 1):
+        moment = NOW - 200 * MINUTE + timedelta(seconds=32 * k + 2)
+        if pause[0] <= moment < pause[1] or moment >= NOW:
+            continue
+        value = 2.5 + rng.gauss(0, 0.005)
+        if moment >= pause[1] and easy:
+            value, easy = value - 0.6, False
+        samples.append(Sample(moment, value, "hero-a"))
+    assert sum(NOW - 40 * MINUTE <= s.timestamp < NOW - 30 * MINUTE for s in samples) == 3
+    rows = rows_for(samples, Settings())
+    assert loss_row(rows)["reason"] == "healthy", loss_row(rows)
+    assert_matches(rows, expect(samples, NOW, Config()))
+
+
 def test_a_history_block_counts_only_the_judged_attempts_finite_losses():
     """Slow divergence's blocks older than the hour come from the raw read's history part. The
     oldest block (the horizon's lowest) also holds NaN and inf losses of the judged attempt and

@@ -29,12 +29,12 @@ import numpy as np
 from lossspike.judge.detectors import (
     BLOCK_MINUTES,
     LEVEL_MINUTES,
-    MIN_BLOCK_SAMPLES,
     MIN_REFERENCE_MINUTES,
     REFERENCE_MINUTES,
     block_sums,
     episode_starts,
     excursions,
+    level_blocks,
     shift_baseline,
     spread,
 )
@@ -307,8 +307,7 @@ def slow_divergence(
     hour_n, hour_sum = block_sums(run.grid, stop)
     counts = np.concatenate([history_n, hour_n])
     sums = np.concatenate([history_sum, hour_sum])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(counts >= MIN_BLOCK_SAMPLES, sums / np.where(counts > 0, counts, 1), np.inf)
+    means = np.nan_to_num(level_blocks(counts, sums), nan=np.inf)
     if not np.isfinite(means).any():
         return NONE
     best = int(np.argmin(means))
