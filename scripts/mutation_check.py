@@ -637,9 +637,9 @@ MUTANTS = [
     Mutant(
         "beyond seed: instability's spread always between minutes",
         "lossspike/judge/detectors.py",
-        "    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n"
+        "    between = MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n"
         "    scale = np.nan_to_num(np.where(np.isfinite(within), within, between))",
-        "    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n    scale = np.nan_to_num(between)",
+        "    between = MAD_TO_SIGMA * median(np.abs(before - level[..., None]))\n    scale = np.nan_to_num(between)",
         DETECTOR_PROPERTIES,
     ),
     Mutant(
@@ -1240,8 +1240,15 @@ MUTANTS = [
     Mutant(
         "issue 45: the onset is where the line was crossed, no climb followed back",
         "lossspike/judge/onset.py",
-        "        start = climb_start(run.grid, data, start, rise)\n",
-        "        start = start\n",
+        "        start, level, scatter = climb_start(run.grid, data, start, rise)\n",
+        "        level, scatter = None, 0.0\n",
+        [f"{ONSET}::test_a_blowup_names_where_its_climb_began_not_where_it_crossed_the_line"],
+    ),
+    Mutant(
+        "issue 45: a last good minute need only be under the median of the minutes before it",
+        "lossspike/judge/onset.py",
+        "    if level is not None:\n        out[slots] &=",
+        "    if False:\n        out[slots] &=",
         [f"{ONSET}::test_a_blowup_names_where_its_climb_began_not_where_it_crossed_the_line"],
     ),
     Mutant(

@@ -121,7 +121,7 @@ TRAIN_GAP_MINUTES = BLOCK_MINUTES
 # short enough to page within minutes of the first losses.
 RESUME_LEVEL_MINUTES = 5
 # A normal distribution's MAD is 0.6745 sigma.
-_MAD_TO_SIGMA = 1.4826
+MAD_TO_SIGMA = 1.4826
 
 
 # The Thresholds fields the detectors read, per run (override columns).
@@ -170,7 +170,7 @@ def spread(means: np.ndarray, mask: np.ndarray) -> np.ndarray:
     before = _previous(mask)
     earlier = np.take_along_axis(means, np.maximum(before, 0), axis=-1)
     steps = np.where(mask & (before >= 0), np.abs(means - earlier), np.nan)
-    return _MAD_TO_SIGMA * median(steps) / np.sqrt(2.0)
+    return MAD_TO_SIGMA * median(steps) / np.sqrt(2.0)
 
 
 def recent_width(samples: np.ndarray, recent: int, widest: int) -> np.ndarray:
@@ -352,7 +352,7 @@ def excursions(grid: Partial, sigma: Any, min_rise: Any) -> np.ndarray:
     level = median(before)
     within = median(spreads)
     # A run with one loss a minute has no spread within a minute: the spread between minutes.
-    between = _MAD_TO_SIGMA * median(np.abs(before - level[..., None]))
+    between = MAD_TO_SIGMA * median(np.abs(before - level[..., None]))
     scale = np.nan_to_num(np.where(np.isfinite(within), within, between))
     enough = np.isfinite(before).sum(axis=-1) >= MIN_REFERENCE_MINUTES
     peaks = grid.peak[..., REFERENCE_MINUTES:]
@@ -376,7 +376,7 @@ def excursion_size(grid: Partial, sigma: Any, min_rise: Any) -> np.ndarray:
     deviations = _quiet(lambda: np.sqrt(np.maximum(grid.m2, 0.0) / (grid.n - 1)))
     within = median(np.where(grid.n >= 2, deviations, np.nan))
     level = median(means)
-    between = _MAD_TO_SIGMA * median(np.abs(means - level[..., None]))
+    between = MAD_TO_SIGMA * median(np.abs(means - level[..., None]))
     scale = np.nan_to_num(np.where(np.isfinite(within), within, between))
     return np.maximum(np.asarray(min_rise, dtype=float), np.asarray(sigma, dtype=float) * scale)
 
@@ -487,7 +487,7 @@ def resume_jump(grid: Partial, previous: Previous, min_rise: Any, sigma: Any) ->
     deviations = _quiet(lambda: np.sqrt(np.maximum(old.m2, 0.0) / (old.n - 1)))
     within = median(np.where(before & (old.n >= 2), deviations, np.nan))
     means = np.where(before, old.mean, np.nan)
-    between = _MAD_TO_SIGMA * median(np.abs(means - median(means)[..., None]))
+    between = MAD_TO_SIGMA * median(np.abs(means - median(means)[..., None]))
     spread = np.nan_to_num(np.where(np.isfinite(within), within, between))
     limit = held + np.maximum(np.asarray(min_rise, dtype=float), np.asarray(sigma, dtype=float) * spread)
     new = (previous.new_history_n.sum(axis=-1) == 0) & (first < minutes)

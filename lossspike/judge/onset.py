@@ -29,6 +29,7 @@ import numpy as np
 from lossspike.judge.detectors import (
     BLOCK_MINUTES,
     LEVEL_MINUTES,
+    MAD_TO_SIGMA,
     MIN_REFERENCE_MINUTES,
     REFERENCE_MINUTES,
     block_sums,
@@ -137,10 +138,16 @@ def last_good(
     return _point(int(run.last_at[slot]), int(run.last_step[slot]))
 
 
-def _at_level(grid: Partial, data: np.ndarray, stop: int) -> np.ndarray:
+def _at_level(
+    grid: Partial, data: np.ndarray, stop: int, level: np.ndarray | None = None, scatter: float = 0.0
+) -> np.ndarray:
     """Per minute before `stop`, whether its mean is at its level: no higher than the median mean of
-    the REFERENCE_MINUTES minutes with a loss before it (its recent past, as an excursion is judged;
-    a falling loss's level falls with it), or of all before it where fewer than MIN_REFERENCE_MINUTES."""
+    the REFERENCE_MINUTES minutes with a loss before it (its recent past, as an excursion is judged),
+    or of all before it where fewer than MIN_REFERENCE_MINUTES; and, where the run's own `level`
+    line is drawn (a climb's), no higher than it plus CLIMB_SIGMAS `scatter` (the means' spread
+    about their trend). On a loss falling fast the median of the minutes before sits minutes of
+    fall above a minute, and a climb's first minutes lift it further: a minute a blowup had begun
+    in was under it, never under the line."""
     out = np.zeros(len(data), dtype=bool)
     slots = np.flatnonzero(data[:stop])
     means = grid.mean[slots]
@@ -149,6 +156,8 @@ def _at_level(grid: Partial, data: np.ndarray, stop: int) -> np.ndarray:
         if len(past) < MIN_REFERENCE_MINUTES:
             past = means[:stop]
         out[slot] = means[k] <= float(np.median(past))
+    if level is not None:
+        out[slots] &= means <= level[slots] + CLIMB_SIGMAS * scatter
     return out
 
 
@@ -172,23 +181,29 @@ def _run_start(marked: np.ndarray, data: np.ndarray) -> int | None:
     return int(later[0])
 
 
-def _climb_limit(grid: Partial, data: np.ndarray, fit: np.ndarray, rise: float) -> np.ndarray:
+def _climb_line(grid: Partial, data: np.ndarray, fit: np.ndarray) -> tuple[np.ndarray, float, float]:
     """Per minute, the run's level drawn through the minute means of the `fit` minutes (a median
-    line, extended only where it falls) plus max(rise, CLIMB_SIGMAS x their spread)."""
+    line, extended only where it falls); the means' minute-to-minute spread, which a young run's
+    bending fall widens as the line cannot follow the bend; and their robust spread about their
+    own trend, which a fall does not widen."""
     means = grid.mean[fit]
     i, j = np.triu_indices(len(fit), k=1)
-    slope = min(float(np.median((means[j] - means[i]) / (fit[j] - fit[i]))), 0.0) if len(i) else 0.0
+    trend = float(np.median((means[j] - means[i]) / (fit[j] - fit[i]))) if len(i) else 0.0
+    residual = means - trend * fit
+    scatter = MAD_TO_SIGMA * float(np.median(np.abs(residual - np.median(residual))))
+    slope = min(trend, 0.0)
     level = float(np.median(means - slope * fit))
     mask = np.zeros(len(data), dtype=bool)
     mask[fit] = True
-    noise = float(np.nan_to_num(spread(grid.mean, mask)))
-    return level + slope * np.arange(len(data)) + max(rise, CLIMB_SIGMAS * noise)
+    steps = float(np.nan_to_num(spread(grid.mean, mask)))
+    return level + slope * np.arange(len(data)), steps, scatter
 
 
-def climb_start(grid: Partial, data: np.ndarray, start: int, rise: float) -> int:
+def climb_start(grid: Partial, data: np.ndarray, start: int, rise: float) -> tuple[int, np.ndarray | None, float]:
     """The first minute of the climb that led into the run of minutes above the line starting at
     `start`: going back from it, the minutes whose mean stands more than `rise` (or CLIMB_SIGMAS
-    times the means' minute-to-minute spread, if more) above the run's own level.
+    times the means' minute-to-minute spread, if more) above the run's own level; that level per
+    minute (None where too few minutes draw it), and the means' spread about their own trend.
 
     The level is the trend of the minute means over CLIMB_FIT_MINUTES from before the climb (a
     falling loss leaves a fixed level behind; a rising trend is what is being looked for, so it
@@ -198,20 +213,21 @@ def climb_start(grid: Partial, data: np.ndarray, start: int, rise: float) -> int
     many losses is far steadier than a floor, so a run at its level stops the climb at once,
     while a loss rising smoothly (a blowup's exponential) is followed back to where it first
     rose by `rise`: the smallest rise the rule calls an excursion."""
-    found = start
+    found, level, scatter = start, None, 0.0
     for gap_from, gap in ((start, CLIMB_GAP_MINUTES), (None, CLIMB_REFIT_GAP_MINUTES)):
         fit = np.flatnonzero(data[: max((found if gap_from is None else gap_from) - gap, 0)])[-CLIMB_FIT_MINUTES:]
         if len(fit) < MIN_REFERENCE_MINUTES:
             fit = np.flatnonzero(data[:start])
         if not len(fit) or not np.isfinite(grid.mean[fit]).all():
-            return start
-        limit = _climb_limit(grid, data, fit, rise)
+            return start, None, 0.0
+        level, noise, scatter = _climb_line(grid, data, fit)
+        limit = level + max(rise, CLIMB_SIGMAS * noise)
         found = start
         for slot in np.flatnonzero(data[:start])[::-1].tolist():
             if not grid.mean[slot] > limit[slot]:
                 break
             found = slot
-    return found
+    return found, level, scatter
 
 
 def above_line(
@@ -231,12 +247,13 @@ def above_line(
     start = _run_start(above, data)
     if start is None:
         return NONE
+    level, scatter = None, 0.0
     if rise is not None:
-        start = climb_start(run.grid, data, start, rise)
+        start, level, scatter = climb_start(run.grid, data, start, rise)
     # Nothing at or below the level before the run in the window: it began before the window.
     if not data[:start].any():
         return Onset(run.at(0), None, None, True)
-    at_level = _at_level(run.grid, data, start)
+    at_level = _at_level(run.grid, data, start, level, scatter)
     # ...and so did the next minute with a loss: a climb that began late in a minute leaves its
     # mean at the level but lifts the next one's.
     nxt = _next(data)
