@@ -22,7 +22,9 @@ are skipped, so eval pauses and slow steps never count as levels.
   alone means a restart's rewind is never compared with the attempt before it.
 - slow_divergence: the lower median minute mean of the last ten minutes (a level more
   than half of them hold, so a burst touching five of them is not averaged in) sits more
-  than divergence_min_rise above the best (lowest) ten-minute block mean of the horizon.
+  than divergence_min_rise above the best (lowest) ten-minute block mean of the horizon
+  (blocks holding half the losses of the run's median block or more: a block a pause cut
+  short is a few steps).
 - instability: excursions, minutes whose peak clears the median of the ten minutes
   before them by max(instability_min_rise, instability_sigma x their spread), counted
   as separate episodes in the window; instability_count of them make a spike train, but
@@ -317,7 +319,8 @@ def level_blocks(counts: np.ndarray, sums: np.ndarray) -> np.ndarray:
 
 
 def slow_divergence(grid: Partial, history_n: np.ndarray, history_sum: np.ndarray, min_rise: Any) -> Finding:
-    """The last ten minutes' median mean against the horizon's best block (see the module's doc).
+    """The last ten minutes' lower median mean against the horizon's best block (see the module's
+    doc): blocks that are levels (`level_blocks`).
 
     `history_n` and `history_sum` are the blocks older than the grid, oldest first.
     """

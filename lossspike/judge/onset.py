@@ -233,15 +233,17 @@ def climb_start(grid: Partial, data: np.ndarray, start: int, rise: float) -> tup
 def above_line(
     run: RunMinutes, line: np.ndarray | float, rise: float | None = None, values: np.ndarray | None = None
 ) -> Onset:
-    """spiking, level_shift and loss_jump: the run of minutes whose floor (or `values`) is above the line,
-    extended back through the climb that led into it, where `rise` is given (`climb_start`). A loss that climbs (a
-    blowup rising exponentially) crosses the line minutes after it left its level.
+    """spiking, level_shift and loss_jump: the run of minutes whose floor (or `values`) is above
+    the line, extended back through the climb that led into it where `rise` is given
+    (`climb_start`). A loss that climbs (a blowup rising exponentially) crosses the line minutes
+    after it left its level.
 
     The last good point is the newest minute before the onset that is good as a whole and sat at
-    its level, as did the next minute with a loss: each mean no higher than the median mean of
-    the minutes just before it. A minute the climb had begun in is above that median (a mean
-    of many losses moves with the climb long before its floor does), so a rewind there does not
-    land inside the climb; it costs a minute of steps more than the truth would."""
+    its level, as did the next minute with a loss (`_at_level`: each mean no higher than the
+    median mean of the minutes before it, nor above the climb's level line by more than the
+    means' noise). A mean of many losses moves with a climb long before its floor does, so a
+    rewind there does not land inside the climb; it costs a minute or two of steps more than the
+    truth would."""
     data = run.grid.n > 0
     above = data & ((run.grid.floor if values is None else values) > line)
     start = _run_start(above, data)
